@@ -1,0 +1,24 @@
+# `make run`: the default decomposition (TMS 5-2); `make test`: the test suite. Both set up .venv.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+.PHONY: setup run test check
+setup: $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(PY) -m pd.train tms_5-2 --out runs/tms_5-2 --overwrite
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+check: $(VENV)/.installed
+	$(VENV)/bin/mypy
+	$(VENV)/bin/ruff check .
+	$(PY) -m mypy.stubtest optax --mypy-config-file mypy.ini --ignore-missing-stub

@@ -1,0 +1,65 @@
+"""Steady-state ms/step and `train_step` compile seconds for the toy presets.
+
+    python bench/step_time.py [PRESET ...]        (default: tms_5-2 resid_mlp1)
+
+Prints a table; the median of 5 timed windows of 50 steps each is the ms/step.
+"""
+
+import statistics
+import sys
+import time
+
+import jax
+
+from pd.init import key_tree
+from pd.targets.train import load_or_train
+from pd.train.config import load_config
+from pd.train.run import make_recipe
+from pd.train.step import init_train_state, make_sampler, make_train_step
+
+_compile_s: dict[str, float] = {}
+
+
+def _listen(event: str, duration_secs: float, **kwargs: str | int) -> None:
+    name = str(kwargs.get("fun_name", ""))
+    if "train_step" in name and event.startswith("/jax/core/compile/"):
+        stage = event.rsplit("/", 1)[-1].removesuffix("_duration")
+        _compile_s[stage] = _compile_s.get(stage, 0.0) + duration_secs
+
+
+def measure(
+    preset: str, windows: int = 5, steps_per_window: int = 50
+) -> tuple[float, dict[str, float]]:
+    config = load_config(preset)
+    recipe = make_recipe(config)
+    frozen = load_or_train(config.target, recipe.target).params
+    init_key, _, run_key = key_tree(config.seed)
+    state = init_train_state(recipe, init_key)
+    step, sample = make_train_step(recipe), make_sampler(recipe.target, config.train.batch)
+    _compile_s.clear()
+    state, metrics = step(state, frozen, sample(run_key, state.step), run_key)
+    metrics["loss/total"].block_until_ready()
+    compile_s = dict(_compile_s)
+    times = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        for _ in range(steps_per_window):
+            state, metrics = step(state, frozen, sample(run_key, state.step), run_key)
+        metrics["loss/total"].block_until_ready()
+        times.append((time.perf_counter() - t0) / steps_per_window * 1e3)
+    return statistics.median(times), compile_s
+
+
+def main(presets: list[str]) -> None:
+    jax.monitoring.register_event_duration_secs_listener(_listen)
+    print(f"{'preset':<12} {'ms/step':>8} {'trace s':>8} {'lower s':>8} {'compile s':>10}")
+    for preset in presets:
+        ms, c = measure(preset)
+        trace = c.get("jaxpr_trace", 0.0)
+        lower = c.get("jaxpr_to_mlir_module", 0.0)
+        backend = c.get("backend_compile", 0.0)
+        print(f"{preset:<12} {ms:8.2f} {trace:8.2f} {lower:8.2f} {backend:10.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["tms_5-2", "resid_mlp1"])

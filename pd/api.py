@@ -1,0 +1,94 @@
+"""`pd.load(run_dir)`: a trained decomposition as a typed object for downstream research code."""
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from pd.ci import GroupParams
+from pd.init import init_vu
+from pd.state import Components
+from pd.targets.base import frozen_site
+from pd.targets.train import load_or_train
+from pd.train import checkpoint
+from pd.train.config import ConfigError, RunConfig, from_dict
+from pd.train.run import make_recipe
+from pd.train.step import LiveSite, Recipe
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """The trained V/U and CI function of a run, with its frozen target."""
+
+    config: RunConfig
+    recipe: Recipe
+    frozen: hk.Params
+    components: Components
+    ci_params: GroupParams
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        return self.recipe.table.names
+
+    @property
+    def V(self) -> dict[str, Float[Array, "d_in C"]]:
+        """Per-site views of the stacked V storage."""
+        return self.recipe.table.views(self.components.V)
+
+    @property
+    def U(self) -> dict[str, Float[Array, "C d_out"]]:
+        return self.recipe.table.views(self.components.U)
+
+    def ci(self, x: Float[Array, "B n_features"]) -> dict[str, Float[Array, "B C"]]:
+        """`{site: ci_lower [B, C]}`: the causal importance of every subcomponent on `x`."""
+        ci, _ = self.recipe.ci(self.ci_params, self.components, self.frozen, x)
+        return self.recipe.table.views(ci.lower)
+
+    def clean(self, x: Float[Array, "B n_features"]) -> Float[Array, "B n_out"]:
+        """The frozen target's output."""
+        return self.recipe.target.forward(self.frozen, x, frozen_site)
+
+    def masked_forward(
+        self,
+        x: Float[Array, "B n_features"],
+        masks: Mapping[str, Float[Array, "B C"]],
+        delta: float = 0.0,
+    ) -> Float[Array, "B n_out"]:
+        """The output with each site in `masks` live under its mask (others frozen, S2).
+
+        `delta` scales the delta channel `x @ (W − V U)`: 0 drops it, 1 keeps it.
+        """
+        live = {
+            name: LiveSite(mask, jnp.full(mask.shape[:-1], delta, mask.dtype), None)
+            for name, mask in masks.items()
+        }
+        unknown = set(masks) - set(self.sites)
+        if unknown:
+            raise KeyError(f"unknown sites {sorted(unknown)}; known sites: {', '.join(self.sites)}")
+        return self.recipe.masked_output(self.frozen, x, self.components, live)
+
+
+def load(run_dir: str | Path) -> Decomposition:
+    """The decomposition saved in a run folder (the target comes from the cache or is retrained)."""
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(
+            f"run folder '{run_dir}' has no config.json, expected a pd run folder"
+        )
+    try:
+        config = from_dict(json.loads(config_path.read_text()))
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"config file '{config_path}' is not valid JSON ({err})") from None
+    recipe = make_recipe(config)
+    frozen = load_or_train(config.target, recipe.target).params
+    like = jax.eval_shape(
+        lambda: (init_vu(jax.random.key(0), recipe.table), recipe.ci_fn.init(jax.random.key(0)))
+    )
+    components, ci_params = checkpoint.load(run_dir / "decomposition.npz", like)
+    return Decomposition(config, recipe, frozen, components, ci_params)

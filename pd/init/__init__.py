@@ -1,0 +1,38 @@
+"""Pure `key → pytree` initializers producing the stacked layout (SPEC §9, §10)."""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Key
+
+from pd.ci import GroupParams, PerSiteCI
+from pd.sites import SiteTable
+from pd.state import Components
+
+
+def init_vu(init_key: Key[Array, ""], table: SiteTable) -> Components:
+    """V ~ N(0,1)/sqrt(d_in), U ~ N(0,1)/sqrt(C); site i draws V from keys[2i], U from keys[2i+1].
+
+    One vmapped draw per shape group (I2), with `keys = split(init_key, 2 · n_sites)`.
+    """
+    keys = jax.random.split(init_key, 2 * len(table.sites))
+    V, U = [], []
+    for g, grp in enumerate(table.groups):
+        idx = jnp.asarray(table.group_indices(g))
+        draw_v = jax.vmap(partial(jax.random.normal, shape=(grp.d_in, grp.C)))
+        draw_u = jax.vmap(partial(jax.random.normal, shape=(grp.C, grp.d_out)))
+        V.append(draw_v(keys[2 * idx]) / jnp.sqrt(jnp.float32(grp.d_in)))
+        U.append(draw_u(keys[2 * idx + 1]) / jnp.sqrt(jnp.float32(grp.C)))
+    return Components(tuple(V), tuple(U))
+
+
+def init_ci_fn(init_key: Key[Array, ""], ci_fn: PerSiteCI) -> GroupParams:
+    """CI-function parameters from `ci_key = fold_in(init_key, 1)`."""
+    return ci_fn.init(jax.random.fold_in(init_key, 1))
+
+
+def key_tree(seed: int) -> tuple[Key[Array, ""], Key[Array, ""], Key[Array, ""]]:
+    """`(init_key, src_key, run_key) = split(key(seed), 3)` — the root of SPEC §9."""
+    init_key, src_key, run_key = jax.random.split(jax.random.key(seed), 3)
+    return init_key, src_key, run_key

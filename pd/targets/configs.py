@@ -1,0 +1,72 @@
+"""Target configurations and the toy targets they build."""
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pd.targets.resid_mlp import ResidMLP
+from pd.targets.tms import TMS
+
+
+@dataclass(frozen=True)
+class TargetTraining:
+    """How the target itself is trained in-process (SPEC §12)."""
+
+    steps: int
+    batch: int
+    lr: float
+    cosine: bool
+    max_attempts: int = 8
+
+
+@dataclass(frozen=True)
+class TMSConfig:
+    kind: Literal["tms"] = "tms"
+    n_features: int = 5
+    n_hidden: int = 2
+    n_identity: int = 0
+    feature_prob: float = 0.05
+    seed: int = 0
+    train_steps: int = 5000
+    train_batch: int = 2048
+    train_lr: float = 1e-2
+    train_cosine: bool = False
+    max_attempts: int = 8
+
+    def build(self, C: int) -> TMS:
+        return TMS(self.n_features, self.n_hidden, self.n_identity, self.feature_prob, C)
+
+    @property
+    def training(self) -> TargetTraining:
+        return TargetTraining(
+            self.train_steps, self.train_batch, self.train_lr, self.train_cosine, self.max_attempts
+        )
+
+
+@dataclass(frozen=True)
+class ResidMLPConfig:
+    kind: Literal["resid_mlp"] = "resid_mlp"
+    n_features: int = 100
+    d_embed: int = 1000
+    d_mlp: int = 50
+    n_layers: int = 1
+    feature_prob: float = 0.01
+    seed: int = 0
+    train_steps: int = 2000
+    train_batch: int = 2048
+    train_lr: float = 3e-3
+    train_cosine: bool = True
+    max_attempts: int = 4
+
+    def build(self, C: int) -> ResidMLP:
+        return ResidMLP(
+            self.n_features, self.d_embed, self.d_mlp, self.n_layers, self.feature_prob, C
+        )
+
+    @property
+    def training(self) -> TargetTraining:
+        return TargetTraining(
+            self.train_steps, self.train_batch, self.train_lr, self.train_cosine, self.max_attempts
+        )
+
+
+TargetConfig = TMSConfig | ResidMLPConfig

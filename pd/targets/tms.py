@@ -1,0 +1,96 @@
+"""Toy Model of Superposition `x̂ = ReLU(x W1 [I…] W2 + b)` (SPEC §12)."""
+
+from dataclasses import dataclass, field
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Key
+
+from pd.sites import SiteSpec, SiteTable
+from pd.targets.base import SiteHook, TrainParams
+
+
+@dataclass(frozen=True)
+class TMS:
+    """TMS n-m with `n_identity` frozen m×m identity layers between `linear1` and `linear2`."""
+
+    n_features: int
+    n_hidden: int
+    n_identity: int
+    feature_prob: float
+    C: int
+    table: SiteTable = field(init=False)
+    _net: hk.Transformed = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        n, m = self.n_features, self.n_hidden
+        sites = [SiteSpec("linear1", n, m, self.C)]
+        sites += [SiteSpec(f"hidden.{i}", m, m, self.C) for i in range(self.n_identity)]
+        sites.append(SiteSpec("linear2", m, n, self.C))
+        object.__setattr__(self, "table", SiteTable(tuple(sites)))
+
+        def forward(x: Float[Array, "B n"], site: SiteHook) -> Float[Array, "B n"]:
+            h = site("linear1", x, hk.get_parameter("linear1", (n, m), init=jnp.zeros))
+            for i in range(self.n_identity):
+                h = site(f"hidden.{i}", h, hk.get_parameter(f"hidden_{i}", (m, m), init=jnp.zeros))
+            out = site("linear2", h, hk.get_parameter("linear2", (m, n), init=jnp.zeros))
+            return jax.nn.relu(out + hk.get_parameter("b", (n,), init=jnp.zeros))
+
+        object.__setattr__(self, "_net", hk.without_apply_rng(hk.transform(forward)))
+
+    @property
+    def dense_sites(self) -> dict[str, int]:
+        """An m×m identity is solved by m subcomponents that are all always on."""
+        return {f"hidden.{i}": self.n_hidden for i in range(self.n_identity)}
+
+    @property
+    def feature_sites(self) -> dict[str, bool]:
+        return {"linear1": False, "linear2": True}
+
+    def forward(
+        self, params: hk.Params, x: Float[Array, "B n"], site: SiteHook
+    ) -> Float[Array, "B n"]:
+        out: Float[Array, "B n"] = self._net.apply(params, x, site)
+        return out
+
+    def weights(self, params: hk.Params) -> dict[str, Float[Array, "d_in d_out"]]:
+        p = params["~"]
+        names = {"linear1": "linear1", "linear2": "linear2"}
+        names.update({f"hidden.{i}": f"hidden_{i}" for i in range(self.n_identity)})
+        return {site: p[key] for site, key in names.items()}
+
+    def sample(self, key: Key[Array, ""], batch_size: int) -> Float[Array, "B n"]:
+        """Each feature active with probability `feature_prob`, value U[0, 1]."""
+        k_on, k_val = jax.random.split(key)
+        shape = (batch_size, self.n_features)
+        on = jax.random.bernoulli(k_on, self.feature_prob, shape)
+        return jnp.where(on, jax.random.uniform(k_val, shape), 0.0)
+
+    def label(self, x: Float[Array, "B n"]) -> Float[Array, "B n"]:
+        return x
+
+    def init_train(self, key: Key[Array, ""]) -> TrainParams:
+        n, m = self.n_features, self.n_hidden
+        W1 = jax.random.normal(key, (n, m)) * jnp.sqrt(2.0 / (n + m))
+        return {"W1": W1, "b": jnp.zeros((n,))}
+
+    def expand(self, trainable: TrainParams) -> hk.Params:
+        """Tied frozen form: `linear2 = linear1ᵀ` (decomposed as two sites)."""
+        W1 = trainable["W1"]
+        p = {"linear1": W1, "linear2": W1.T, "b": trainable["b"]}
+        eye = jnp.eye(self.n_hidden, dtype=W1.dtype)
+        p.update({f"hidden_{i}": eye for i in range(self.n_identity)})
+        return {"~": p}
+
+    def check(self, params: hk.Params, loss: float) -> str | None:
+        """Learned when every feature has a direction of norm ≈ 1 (a broken seed drops some) and
+        the MSE is below half of the all-zero model's `p · E[u²] = p / 3`."""
+        norms = np.linalg.norm(np.asarray(params["~"]["linear1"]), axis=1)
+        if not np.all(np.abs(norms - 1.0) < 0.25):
+            return f"feature norms {np.round(norms, 3).tolist()} are not all within 0.25 of 1"
+        bound = 0.5 * self.feature_prob / 3.0
+        if loss >= bound:
+            return f"final loss {loss:.3g} is not below {bound:.3g}"
+        return None

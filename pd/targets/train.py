@@ -1,0 +1,140 @@
+"""Train a toy target in-process, check that it learned its task, and cache it on disk."""
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, Float, Key
+
+from pd.targets.base import Target, TrainParams, frozen_site
+from pd.targets.configs import TargetConfig, TargetTraining
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainedTarget:
+    """Frozen parameters plus how they were obtained."""
+
+    params: hk.Params
+    attempt: int  # which derived seed was kept: key = fold_in(key(seed), attempt)
+    loss: float
+    from_cache: bool
+
+
+def _fit(target: Target, training: TargetTraining, key: Key[Array, ""]) -> tuple[hk.Params, float]:
+    """Train with AdamW (wd 0) from `key`; returns the frozen params and the mean final loss."""
+    steps = training.steps
+    lr: optax.ScalarOrSchedule = (
+        optax.cosine_decay_schedule(training.lr, steps) if training.cosine else training.lr
+    )
+    tx = optax.adamw(learning_rate=lr, weight_decay=0.0)
+
+    def loss_fn(trainable: TrainParams, x: Float[Array, "B n"]) -> Float[Array, ""]:
+        y = target.forward(target.expand(trainable), x, frozen_site)
+        return jnp.mean((y - target.label(x)) ** 2)
+
+    def fit(key: Key[Array, ""]) -> tuple[TrainParams, Float[Array, ""]]:
+        trainable = target.init_train(jax.random.fold_in(key, 0))
+
+        def body(
+            carry: tuple[TrainParams, optax.OptState], step: Array
+        ) -> tuple[tuple[TrainParams, optax.OptState], Float[Array, ""]]:
+            params, opt = carry
+            x = target.sample(jax.random.fold_in(key, step + 1), training.batch)
+            loss, grads = jax.value_and_grad(loss_fn)(params, x)
+            updates, opt = tx.update(grads, opt, params)
+            return (optax.apply_updates(params, updates), opt), loss
+
+        (trainable, _), losses = jax.lax.scan(
+            body, (trainable, tx.init(trainable)), jnp.arange(steps)
+        )
+        tail = max(1, steps // 10)
+        return trainable, jnp.mean(losses[-tail:])
+
+    trainable, loss = jax.jit(fit)(key)
+    return target.expand(trainable), float(loss)
+
+
+def train_target(target: Target, training: TargetTraining, seed: int) -> TrainedTarget:
+    """Retry with derived seeds until `target.check` accepts the trained model."""
+    root = jax.random.key(seed)
+    reasons = []
+    for attempt in range(training.max_attempts):
+        params, loss = _fit(target, training, jax.random.fold_in(root, attempt))
+        reason = target.check(params, loss)
+        if reason is None:
+            log.info("target learned its task on attempt %d (loss %.3g)", attempt, loss)
+            return TrainedTarget(params, attempt, loss, from_cache=False)
+        log.info("target attempt %d rejected: %s", attempt, reason)
+        reasons.append(f"attempt {attempt}: {reason}")
+    raise RuntimeError(
+        f"target did not learn its task in {training.max_attempts} attempts ({'; '.join(reasons)})"
+    )
+
+
+def cache_dir() -> Path:
+    """`$PD_CACHE_DIR`, else `~/.cache/pd`."""
+    return Path(os.environ.get("PD_CACHE_DIR", Path.home() / ".cache" / "pd"))
+
+
+def _cache_key(cfg: TargetConfig) -> str:
+    blob = json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _save(path: Path, trained: TrainedTarget, cfg: TargetConfig) -> None:
+    buf = io.BytesIO()
+    arrays: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in trained.params["~"].items()}
+    np.savez(buf, allow_pickle=False, **arrays)
+    payload = buf.getvalue()
+    meta = {
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "attempt": trained.attempt,
+        "loss": trained.loss,
+        "config": dataclasses.asdict(cfg),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for suffix, data in ((".npz", payload), (".json", json.dumps(meta, indent=1).encode())):
+        tmp = path.with_suffix(suffix + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path.with_suffix(suffix))
+
+
+def _load(path: Path) -> TrainedTarget | None:
+    """The cached target, or None when absent or corrupt (a corrupt cache is never trusted)."""
+    npz, meta_path = path.with_suffix(".npz"), path.with_suffix(".json")
+    if not npz.exists() or not meta_path.exists():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        payload = npz.read_bytes()
+        if hashlib.sha256(payload).hexdigest() != meta["sha256"]:
+            raise ValueError("checksum mismatch")
+        with np.load(io.BytesIO(payload)) as z:
+            params = {"~": {k: jnp.asarray(z[k]) for k in z.files}}
+        return TrainedTarget(params, int(meta["attempt"]), float(meta["loss"]), from_cache=True)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        log.warning("target cache %s is corrupt (%s); retraining", npz, err)
+        return None
+
+
+def load_or_train(cfg: TargetConfig, target: Target) -> TrainedTarget:
+    """The trained target for `cfg`, from the cache when a valid entry exists."""
+    path = cache_dir() / "targets" / _cache_key(cfg)
+    cached = _load(path)
+    if cached is not None and target.check(cached.params, cached.loss) is None:
+        return cached
+    trained = train_target(target, cfg.training, cfg.seed)
+    _save(path, trained, cfg)
+    return trained

@@ -1,0 +1,35 @@
+"""`python -m pd.train PRESET_OR_FILE [--set key=value ...] [--out DIR] [--overwrite]`."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from pd.log import setup_logging
+from pd.train.config import ConfigError, load_config, preset_names
+from pd.train.run import prepare_run_dir, run, summary_table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pd.train", description=__doc__)
+    parser.add_argument("config", help=f"a preset ({', '.join(preset_names())}) or a .toml file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/NAME)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+        out = args.out if args.out is not None else Path("runs") / config.name
+        if out.exists() and not args.overwrite:
+            prepare_run_dir(out, overwrite=False)  # raises the one-sentence error
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    setup_logging()
+    result = run(config, out, overwrite=args.overwrite)
+    print(summary_table(result.summary))
+    print(f"run folder: {result.run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""PNG figures of a run: CI on the one-hot probes, subcomponents, loss curves."""
+
+import json
+from pathlib import Path
+
+import haiku as hk
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+import numpy as np
+
+from pd.state import TrainState
+from pd.train.evaluate import ALIVE_THRESHOLD, probe_ci
+from pd.train.step import Recipe
+
+
+def _ci_probes(recipe: Recipe, state: TrainState, frozen: hk.Params, path: Path) -> None:
+    probes = probe_ci(recipe, state, frozen)
+    fig, axes = plt.subplots(1, len(probes), figsize=(4 * len(probes), 3.5), squeeze=False)
+    for ax, (name, ci) in zip(axes[0], probes.items(), strict=True):
+        used = np.flatnonzero(ci.max(axis=0) > ALIVE_THRESHOLD)
+        order = used[np.argsort(np.argmax(ci[:, used], axis=0), kind="stable")]
+        image = ax.imshow(ci[:, order], vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        ax.set_title(f"{name}: {len(used)} of {ci.shape[1]} used")
+        ax.set_xlabel("subcomponent (CI > 0.1 on some probe)")
+        ax.set_ylabel("one-hot feature (0.75)")
+        fig.colorbar(image, ax=ax)
+    fig.suptitle("causal importance on one-hot probes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _components(recipe: Recipe, state: TrainState, frozen: hk.Params, path: Path) -> None:
+    """Rank-1 piece norms per site; for 2-d TMS hidden spaces, feature directions as arrows."""
+    table = recipe.table
+    V, U = table.views(state.components.V), table.views(state.components.U)
+    weights = recipe.target.weights(frozen)
+    arrows = {n: ro for n, ro in recipe.target.feature_sites.items() if min(weights[n].shape) == 2}
+    n_cols = len(table.names) + len(arrows)
+    fig, axes = plt.subplots(1, n_cols, figsize=(4 * n_cols, 3.5), squeeze=False)
+    for ax, name in zip(axes[0], table.names, strict=False):
+        norms = np.linalg.norm(np.asarray(V[name]), axis=0) * np.linalg.norm(
+            np.asarray(U[name]), axis=1
+        )
+        ax.bar(np.arange(norms.size), norms)
+        ax.set_title(f"{name}: ‖V[:, c]‖·‖U[c, :]‖")
+        ax.set_xlabel("subcomponent")
+    for ax, (name, read_out) in zip(axes[0][len(table.names) :], arrows.items(), strict=True):
+        W, v, u = (np.asarray(a) for a in (weights[name], V[name], U[name]))
+        if read_out:
+            W, v, u = W.T, u.T, v.T
+        for j, row in enumerate(W):
+            ax.arrow(0, 0, *row, color="black", width=0.01, length_includes_head=True)
+            ax.annotate(f"f{j}", row * 1.08)
+        pieces = v[:, :, None] * u[None, :, :]  # [n, C, 2]
+        for j in range(W.shape[0]):
+            c = int(np.argmax(np.linalg.norm(pieces[j], axis=-1)))
+            ax.arrow(0, 0, *pieces[j, c], color="tab:red", width=0.005, alpha=0.7)
+        ax.set_aspect("equal")
+        ax.set_title(f"{name}: features (black), best subcomponent (red)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _losses(run_dir: Path, path: Path) -> None:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = sorted(k for k in rows[0] if k.startswith(("loss/", "monitor/")))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in rows]
+    for key in keys:
+        ax.plot(steps, [max(r[key], 1e-12) for r in rows], label=key)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.legend(fontsize=7)
+    ax.set_title("losses")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_figures(recipe: Recipe, state: TrainState, frozen: hk.Params, run_dir: Path) -> None:
+    """`ci_probes.png`, `components.png` and `losses.png` in the run folder."""
+    _ci_probes(recipe, state, frozen, run_dir / "ci_probes.png")
+    _components(recipe, state, frozen, run_dir / "components.png")
+    _losses(run_dir, run_dir / "losses.png")

@@ -1,0 +1,287 @@
+"""The jitted training step (SPEC §7) and the faithfulness warmup (S21)."""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import optax
+from jax.typing import ArrayLike
+from jaxtyping import Array, Bool, Float, Int, Key
+
+from pd.ci import CI, GroupParams, PerSiteCI
+from pd.decompose import make_mask, site_out
+from pd.init import init_ci_fn, init_vu
+from pd.losses import faithfulness, importance_terms, mse, recon_plan, uniform_k_routing
+from pd.sites import SiteTable
+from pd.state import Components, TrainState
+from pd.targets.base import SiteHook, Target, frozen_site, taps
+from pd.train.config import LossConfig, TrainConfig
+from pd.train.schedule import Schedule, schedule_value
+
+Metrics = dict[str, Float[Array, ""]]
+Batch = Float[Array, "B n_features"]
+
+
+class LiveSite(NamedTuple):
+    """What a live site runs with: S1 masks and an optional route."""
+
+    mask: Float[Array, "*L C"]
+    delta_mask: Float[Array, " *L"]
+    route: Bool[Array, " *L"] | None
+
+
+def decomposed_hook(table: SiteTable, comps: Components, live: Mapping[str, LiveSite]) -> SiteHook:
+    """A site hook running `site_out` on live sites and the frozen `x @ W` elsewhere (S2)."""
+
+    def hook(
+        name: str, x: Float[Array, "*L d_in"], W: Float[Array, "d_in d_out"]
+    ) -> Float[Array, "*L d_out"]:
+        if name not in live:
+            return frozen_site(name, x, W)
+        g, j = table.where(name)
+        site = live[name]
+        return site_out(x, W, comps.V[g][j], comps.U[g][j], site.mask, site.delta_mask, site.route)
+
+    return hook
+
+
+def stacked_weights(
+    target: Target, frozen: hk.Params
+) -> tuple[Float[Array, "_n _d_in _d_out"], ...]:
+    """The frozen W of every site, stacked per shape group."""
+    return tuple(jnp.stack(ws) for ws in target.table.per_group(target.weights(frozen)))
+
+
+def stacked_inputs(
+    target: Target, site_inputs: dict[str, Float[Array, "B d_in"]]
+) -> tuple[Float[Array, "_n B _d_in"], ...]:
+    return tuple(jnp.stack(xs) for xs in target.table.per_group(site_inputs))
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Static structure of one decomposition: target, CI function, losses and schedules."""
+
+    target: Target
+    ci_fn: PerSiteCI
+    loss: LossConfig
+    train: TrainConfig
+
+    @property
+    def table(self) -> SiteTable:
+        return self.target.table
+
+    def _adamw(self, lr: Schedule) -> optax.GradientTransformation:
+        def learning_rate(count: ArrayLike) -> Float[Array, ""]:
+            return schedule_value(lr, self.train.steps, jnp.asarray(count))
+
+        # weight_decay must be set: optax's default is 1e-4, not 0.
+        return optax.adamw(
+            learning_rate=learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0
+        )
+
+    def component_optimizer(self) -> optax.GradientTransformation:
+        """S19: AdamW (0.9, 0.999, 1e-8), weight decay 0, on the (clipped) component gradients."""
+        return self._adamw(self.train.lr)
+
+    def ci_optimizer(self) -> optax.GradientTransformation:
+        """S20: AdamW with the same betas / eps, weight decay 0."""
+        return self._adamw(self.train.ci_lr)
+
+    def ci(
+        self, ci_params: GroupParams, comps: Components, frozen: hk.Params, x: Batch
+    ) -> tuple[CI, Float[Array, "B n_out"]]:
+        """`(CI, clean output)`: the CI function reads the clean-path taps (S4)."""
+        site_inputs, clean = taps(self.target, frozen, x)
+        return self.ci_fn.apply(ci_params, stacked_inputs(self.target, site_inputs), comps.V), clean
+
+    def masked_output(
+        self, frozen: hk.Params, x: Batch, comps: Components, live: Mapping[str, LiveSite]
+    ) -> Float[Array, "B n_out"]:
+        return self.target.forward(frozen, x, decomposed_hook(self.table, comps, live))
+
+    def stochastic_recon(
+        self,
+        key: Key[Array, ""],
+        plan: str,
+        frozen: hk.Params,
+        x: Batch,
+        comps: Components,
+        ci_lower: tuple[Float[Array, "_n B _C"], ...],
+        clean: Float[Array, "B n_out"],
+    ) -> Float[Array, ""]:
+        """S10/S11: the mean divergence over every forward of the plan, fresh sources each."""
+        table, leading = self.table, x.shape[:-1]
+        losses = []
+        for j, entry in enumerate(recon_plan(plan, table)):  # type: ignore[arg-type]  # plan is a PlanKind
+            for d in range(self.loss.n_mask_samples):
+                src_key, route_key = jax.random.split(
+                    jax.random.fold_in(jax.random.fold_in(key, j), d)
+                )
+                routes = (
+                    uniform_k_routing(route_key, leading, len(entry.live)) if entry.routed else None
+                )
+                live = {}
+                for i, name in enumerate(entry.live):
+                    g, slot = table.where(name)
+                    C = table.groups[g].C
+                    src = jax.random.uniform(
+                        jax.random.fold_in(src_key, table.index(name)), (*leading, C + 1)
+                    )
+                    mask, delta = make_mask(ci_lower[g][slot], src)
+                    live[name] = LiveSite(mask, delta, None if routes is None else routes[..., i])
+                losses.append(mse(self.masked_output(frozen, x, comps, live), clean))
+        return jnp.mean(jnp.stack(losses))
+
+    def monitor(
+        self,
+        source: float,
+        frozen: hk.Params,
+        x: Batch,
+        comps: Components,
+        ci_lower: tuple[Float[Array, "_n B _C"], ...],
+        clean: Float[Array, "B n_out"],
+    ) -> Float[Array, ""]:
+        """All sites live with a constant source and no delta: 0 is CI-masked, 1 is unmasked."""
+        live = {}
+        for name in self.table.names:
+            g, slot = self.table.where(name)
+            ci = ci_lower[g][slot]
+            live[name] = LiveSite(ci + (1.0 - ci) * source, jnp.zeros(ci.shape[:-1]), None)
+        return mse(self.masked_output(frozen, x, comps, live), clean)
+
+    def loss_fn(
+        self,
+        trainables: tuple[Components, GroupParams],
+        frozen: hk.Params,
+        x: Batch,
+        step_key: Key[Array, ""],
+        step: Int[Array, ""],
+    ) -> tuple[Float[Array, ""], Metrics]:
+        """The total loss and every term under its own name."""
+        comps, ci_params = trainables
+        ci, clean = self.ci(ci_params, comps, frozen, x)
+        clean = jax.lax.stop_gradient(clean)  # S3
+        cfg = self.loss
+        faith = faithfulness(stacked_weights(self.target, frozen), comps.V, comps.U)
+        p = schedule_value(cfg.p, self.train.steps, step)
+        lp, freq = importance_terms(ci.upper, p, cfg.eps, cfg.reference_token_count)
+        total = cfg.faithfulness * faith + cfg.importance * lp
+        metrics: Metrics = {"loss/faithfulness": faith, "loss/importance": lp, "p": p}
+        if cfg.frequency > 0:
+            total = total + cfg.frequency * freq
+            metrics["loss/frequency"] = freq
+        for t, term in enumerate(cfg.recon):
+            value = self.stochastic_recon(
+                jax.random.fold_in(step_key, 1 + t), term.plan, frozen, x, comps, ci.lower, clean
+            )
+            total = total + term.coeff * value
+            metrics[f"loss/recon_{term.plan}"] = value
+        lower = jax.lax.stop_gradient(ci.lower)
+        metrics["monitor/ci_masked_recon"] = self.monitor(0.0, frozen, x, comps, lower, clean)
+        metrics["monitor/unmasked_recon"] = self.monitor(1.0, frozen, x, comps, lower, clean)
+        for name in self.table.names:
+            g, slot = self.table.where(name)
+            metrics[f"ci_l0/{name}"] = jnp.mean(
+                jnp.sum(ci.lower[g][slot] > 0.1, axis=-1).astype(jnp.float32)
+            )
+        metrics["loss/total"] = total
+        return total, metrics
+
+
+def clip_global_norm(grads: Components, max_norm: float) -> Components:
+    """S19: `scale = min(1, max_norm / (‖g‖ + 1e-6))` (torch's epsilon; optax has none)."""
+    norm = optax.tree.norm(grads)
+    scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
+    clipped: Components = jax.tree.map(lambda g: g * scale, grads)
+    return clipped
+
+
+StepFn = Callable[[TrainState, hk.Params, Batch, Key[Array, ""]], tuple[TrainState, Metrics]]
+
+
+def make_train_step(recipe: Recipe) -> StepFn:
+    """One jitted `train_step(state, frozen, batch, run_key)`; frozen params are traced (S18)."""
+    opt_c, opt_ci = recipe.component_optimizer(), recipe.ci_optimizer()
+
+    def train_step(
+        state: TrainState, frozen: hk.Params, x: Batch, run_key: Key[Array, ""]
+    ) -> tuple[TrainState, Metrics]:
+        step_key = jax.random.fold_in(run_key, state.step)
+        trainables = (state.components, state.ci_params)
+        grad_fn = jax.value_and_grad(recipe.loss_fn, has_aux=True)
+        (_, metrics), (g_comps, g_ci) = grad_fn(trainables, frozen, x, step_key, state.step)
+        if recipe.train.grad_clip > 0:
+            g_comps = clip_global_norm(g_comps, recipe.train.grad_clip)
+        up_c, opt_c_state = opt_c.update(g_comps, state.opt_components, state.components)
+        up_ci, opt_ci_state = opt_ci.update(g_ci, state.opt_ci, state.ci_params)
+        metrics["lr"] = schedule_value(recipe.train.lr, recipe.train.steps, state.step)
+        new = TrainState(
+            step=state.step + 1,
+            components=optax.apply_updates(state.components, up_c),
+            ci_params=optax.apply_updates(state.ci_params, up_ci),
+            opt_components=opt_c_state,
+            opt_ci=opt_ci_state,
+        )
+        return new, metrics
+
+    step: StepFn = jax.jit(train_step, donate_argnums=0)
+    return step
+
+
+def batch_key(run_key: Key[Array, ""], step: int | Int[Array, ""]) -> Key[Array, ""]:
+    """S18: the batch of `step` is drawn from `fold_in(fold_in(run_key, step), 0)`."""
+    return jax.random.fold_in(jax.random.fold_in(run_key, step), 0)
+
+
+def make_sampler(
+    target: Target, batch_size: int
+) -> Callable[[Key[Array, ""], Int[Array, ""]], Batch]:
+    """The jitted batch of a step: a pure function of `(run_key, step)` (S18)."""
+
+    def sample_batch(run_key: Key[Array, ""], step: Int[Array, ""]) -> Batch:
+        return target.sample(batch_key(run_key, step), batch_size)
+
+    fn: Callable[[Key[Array, ""], Int[Array, ""]], Batch] = jax.jit(sample_batch)
+    return fn
+
+
+def init_train_state(recipe: Recipe, init_key: Key[Array, ""]) -> TrainState:
+    """Stacked V/U, CI parameters and both optimizer states (each init jitted by name)."""
+    comps: Components = jax.jit(init_vu, static_argnums=1)(init_key, recipe.table)
+    ci_params: GroupParams = jax.jit(init_ci_fn, static_argnums=1)(init_key, recipe.ci_fn)
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        components=comps,
+        ci_params=ci_params,
+        opt_components=recipe.component_optimizer().init(comps),
+        opt_ci=recipe.ci_optimizer().init(ci_params),
+    )
+
+
+def faith_warmup(recipe: Recipe, comps: Components, frozen: hk.Params) -> Components:
+    """S21: `n` AdamW steps on faithfulness alone with a throwaway optimizer, before step 0."""
+    cfg = recipe.train
+    tx = optax.adamw(learning_rate=cfg.faith_warmup_lr, weight_decay=cfg.faith_warmup_wd)
+
+    def faithfulness_warmup(comps: Components, frozen: hk.Params) -> Components:
+        W = stacked_weights(recipe.target, frozen)
+
+        def body(
+            carry: tuple[Components, optax.OptState], _: None
+        ) -> tuple[tuple[Components, optax.OptState], None]:
+            c, opt = carry
+            grads = jax.grad(lambda c: faithfulness(W, c.V, c.U))(c)
+            updates, opt = tx.update(grads, opt, c)
+            return (optax.apply_updates(c, updates), opt), None
+
+        (comps, _), _ = jax.lax.scan(
+            body, (comps, tx.init(comps)), None, length=cfg.faith_warmup_steps
+        )
+        return comps
+
+    warmed: Components = jax.jit(faithfulness_warmup)(comps, frozen)
+    return warmed

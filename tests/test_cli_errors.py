@@ -1,0 +1,109 @@
+"""Bad input stops with exit status 2 and one sentence, before any compile, writing nothing."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+from pd.train.__main__ import main
+
+_compiles: list[str] = []
+
+
+def _on_event(event: str, duration_secs: float, **kwargs: str | int) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _compiles.append(str(kwargs.get("fun_name")))
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], out: Path, *needles: str) -> None:
+    _compiles.clear()
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and err.count("\n") == 0, err
+    for needle in needles:
+        assert needle in err, err
+    assert _compiles == [], f"compiled {_compiles} before refusing"
+
+
+def test_unknown_preset(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _fails(["tms_5-3"], capsys, tmp_path / "run", "'tms_5-3'", "tms_5-2")
+    assert not (tmp_path / "run").exists()
+
+
+def test_misspelled_key_suggests_the_right_one(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _fails(
+        ["tms_5-2", "--set", "loss.importnce=1e-3"],
+        capsys,
+        tmp_path / "run",
+        "loss.importnce",
+        "did you mean 'importance'",
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_top_level_key(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _fails(
+        ["tms_5-2", "--set", "colour=3"], capsys, tmp_path / "run", "unknown config key 'colour'"
+    )
+
+
+def test_wrong_type(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _fails(
+        ["tms_5-2", "--set", "train.steps=many"],
+        capsys,
+        tmp_path / "run",
+        "train.steps",
+        "'many'",
+        "integer",
+    )
+    _fails(["tms_5-2", "--set", 'ci_fn="lstm"'], capsys, tmp_path / "run", "ci_fn", "'mlp'")
+
+
+@pytest.mark.parametrize(
+    "assignment", ["C=0", "train.batch=-4", "target.n_hidden=0", "ci_hidden=[16, 0]"]
+)
+def test_non_positive_sizes(
+    assignment: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    key = assignment.split("=")[0]
+    _fails(["tms_5-2", "--set", assignment], capsys, tmp_path / "run", key, "positive integer")
+
+
+def test_unreadable_and_invalid_config_files(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _fails(
+        [str(tmp_path / "missing.toml")], capsys, tmp_path / "run", "missing.toml", "cannot be read"
+    )
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = [unclosed\n")
+    _fails([str(bad)], capsys, tmp_path / "run", "bad.toml", "not valid TOML")
+    assert not (tmp_path / "run").exists()
+
+
+def test_existing_run_folder_is_refused_and_kept(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    _fails(["tms_5-2"], capsys, run_dir, "already exists", "--overwrite")
+    assert (run_dir / "summary.json").read_text() == "{}"
+
+
+def test_exit_status_from_the_command_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pd.train", "no_such_preset", "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "'no_such_preset' is neither a preset nor a config file" in proc.stderr

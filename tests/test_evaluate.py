@@ -1,0 +1,33 @@
+"""§13: identity and dense CI error, MMCS and ML2R on hand-made matrices."""
+
+import numpy as np
+
+from pd.train.evaluate import dense_ci_error, identity_ci_error, mmcs_ml2r
+
+
+def test_identity_ci_error_permutes_columns() -> None:
+    ci = np.zeros((3, 5))
+    ci[0, 4] = ci[1, 0] = ci[2, 2] = 1.0
+    assert identity_ci_error(ci, 0.1) == 0
+    ci[0, 1] = 0.15  # off-diagonal above tol 0.1, not above 0.2
+    ci[2, 2] = 0.85  # matched entry below 1 − 0.1, not below 1 − 0.2
+    assert identity_ci_error(ci, 0.1) == 2
+    assert identity_ci_error(ci, 0.2) == 0
+
+
+def test_dense_ci_error_uses_the_k_most_used_columns() -> None:
+    ci = np.zeros((5, 20))
+    ci[:, 3] = 1.0
+    ci[:, 7] = 1.0
+    assert dense_ci_error(ci, 2, 0.1) == 0
+    ci[1, 9] = 0.5  # a third column in use
+    assert dense_ci_error(ci, 2, 0.1) == 1
+    assert dense_ci_error(ci, 3, 0.1) == 1  # column 9 is in the top 3 but has no entry ≥ 0.9
+
+
+def test_mmcs_ml2r_perfect_and_scaled() -> None:
+    W = np.asarray([[1.0, 0.0], [0.6, 0.8], [0.0, 2.0]])
+    V = np.eye(3)  # subcomponent c owns feature c
+    assert mmcs_ml2r(W, V, W.copy()) == (1.0, 1.0)
+    mmcs, ml2r = mmcs_ml2r(W, V, 0.5 * W)
+    assert mmcs == 1.0 and abs(ml2r - 0.5) < 1e-12

@@ -1,0 +1,138 @@
+"""End to end on a tiny budget: the run folder, `pd.load`, the step's purity (S18) and I1 for V/U."""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pd
+from pd.init import init_vu, key_tree
+from pd.train import load_config, run
+from pd.train.run import RunResult, make_recipe
+from pd.train.step import init_train_state, make_sampler, make_train_step
+
+TINY = [
+    "train.steps=40",
+    "train.batch=256",
+    "train.log_every=10",
+    "train.faith_warmup_steps=5",
+    "eval.n_samples=2000",
+    "eval.batch=1000",
+    "target.train_steps=1500",
+    "target.train_batch=1024",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    config = load_config("tms_5-2-id", TINY)
+    return run(config, tmp_path_factory.mktemp("runs") / "tiny")
+
+
+def test_run_folder_contents(tiny_run: RunResult) -> None:
+    d = tiny_run.run_dir
+    for name in ("config.json", "metrics.jsonl", "summary.json", "decomposition.npz"):
+        assert (d / name).is_file(), name
+    for name in ("ci_probes.png", "components.png", "losses.png"):
+        assert (d / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 10, 20, 30, 39]
+    assert all(isinstance(v, float) for r in rows for k, v in r.items() if k != "step")
+    summary = json.loads((d / "summary.json").read_text())
+    for key in (
+        "alive/linear1",
+        "alive/hidden.0",
+        "identity_ci_error_0.1/linear2",
+        "dense_ci_error_0.1/hidden.0",
+        "mmcs/linear1",
+        "ml2r/linear2",
+        "ci_l0/linear1",
+        "loss/recon_all",
+        "monitor/ci_masked_recon",
+    ):
+        assert key in summary, key
+    assert 0.0 <= summary["alive/linear1"] <= 20.0
+
+
+def test_load_gives_typed_views_and_masked_forwards(tiny_run: RunResult) -> None:
+    decomposition = pd.load(tiny_run.run_dir)
+    assert decomposition.sites == ("linear1", "hidden.0", "linear2")
+    table = tiny_run.recipe.table
+    for name, V in decomposition.V.items():
+        np.testing.assert_array_equal(
+            np.asarray(V), np.asarray(table.view(tiny_run.state.components.V, name))
+        )
+    x = 0.75 * jnp.eye(5)
+    ci = decomposition.ci(x)
+    assert {k: v.shape for k, v in ci.items()} == {s: (5, 20) for s in decomposition.sites}
+    ones = {s: jnp.ones((5, 20)) for s in decomposition.sites}
+    # S1: every mask 1 with the delta channel on is the frozen model.
+    np.testing.assert_allclose(
+        np.asarray(decomposition.masked_forward(x, ones, delta=1.0)),
+        np.asarray(decomposition.clean(x)),
+        atol=1e-5,
+    )
+
+
+def test_load_refuses_a_corrupt_checkpoint(tiny_run: RunResult, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("config.json", "decomposition.npz", "decomposition.json"):
+        (broken / name).write_bytes((tiny_run.run_dir / name).read_bytes())
+    (broken / "decomposition.npz").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="is corrupt"):
+        pd.load(broken)
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        pd.load(tmp_path / "nowhere")
+
+
+def test_s18_batch_is_pure_and_frozen_params_are_traced_arguments() -> None:
+    config = load_config("tms_5-2", TINY)
+    recipe = make_recipe(config)
+    init_key, _, run_key = key_tree(0)
+    sample = make_sampler(recipe.target, 64)
+    np.testing.assert_array_equal(
+        np.asarray(sample(run_key, jnp.int32(7))), np.asarray(sample(run_key, jnp.int32(7)))
+    )
+    assert not np.array_equal(
+        np.asarray(sample(run_key, jnp.int32(7))), np.asarray(sample(run_key, jnp.int32(8)))
+    )
+    step = make_train_step(recipe)
+    W = jax.random.normal(jax.random.key(5), (5, 2))
+    outs = []
+    for scale in (1.0, 2.0):
+        frozen = recipe.target.expand({"W1": scale * W, "b": jnp.zeros(5)})
+        state = init_train_state(recipe, init_key)
+        _, metrics = step(state, frozen, sample(run_key, state.step), run_key)
+        outs.append(float(metrics["loss/faithfulness"]))
+    # A different frozen W changes the result without a recompile: it is an argument, not a constant.
+    assert outs[0] != outs[1]
+    assert step._cache_size() == 1  # type: ignore[attr-defined]  # jit's private cache counter
+
+
+def test_i1_batched_vu_init_equals_the_unrolled_reference() -> None:
+    recipe = make_recipe(load_config("tms_5-2-id", TINY))
+    table = recipe.table
+    init_key, _, _ = key_tree(11)
+    batched = jax.jit(init_vu, static_argnums=1)(init_key, table)
+
+    @jax.jit
+    def unrolled(key: jax.Array) -> tuple[list[jax.Array], list[jax.Array]]:
+        keys = jax.random.split(key, 2 * len(table.sites))
+        V = [
+            jax.random.normal(keys[2 * i], (s.d_in, s.C)) / jnp.sqrt(jnp.float32(s.d_in))
+            for i, s in enumerate(table.sites)
+        ]
+        U = [
+            jax.random.normal(keys[2 * i + 1], (s.C, s.d_out)) / jnp.sqrt(jnp.float32(s.C))
+            for i, s in enumerate(table.sites)
+        ]
+        return V, U
+
+    V_ref, U_ref = unrolled(init_key)
+    for i, name in enumerate(table.names):
+        np.testing.assert_array_equal(np.asarray(table.view(batched.V, name)), np.asarray(V_ref[i]))
+        np.testing.assert_array_equal(np.asarray(table.view(batched.U, name)), np.asarray(U_ref[i]))

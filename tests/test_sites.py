@@ -1,0 +1,28 @@
+"""§2: canonical order, shape groups and per-site views over stacked storage."""
+
+import jax.numpy as jnp
+import pytest
+
+from pd.sites import SiteSpec, SiteTable
+
+
+def test_shape_groups_and_views() -> None:
+    table = SiteTable(
+        (SiteSpec("l0.in", 4, 2, 3), SiteSpec("l0.out", 2, 4, 3), SiteSpec("l1.in", 4, 2, 3))
+    )
+    assert [g.names for g in table.groups] == [("l0.in", "l1.in"), ("l0.out",)]
+    assert table.where("l1.in") == (0, 1)
+    assert table.group_indices(0) == (0, 2)
+    stacked = (jnp.arange(2 * 4 * 2).reshape(2, 4, 2), jnp.zeros((1, 2, 4)))
+    views = table.views(stacked)
+    assert list(views) == ["l0.in", "l0.out", "l1.in"]
+    assert bool(jnp.all(views["l1.in"] == stacked[0][1]))
+
+
+def test_bad_sites_are_refused() -> None:
+    with pytest.raises(ValueError, match="C is 0, expected a positive integer"):
+        SiteSpec("x", 2, 2, 0)
+    with pytest.raises(ValueError, match="unique"):
+        SiteTable((SiteSpec("x", 2, 2, 1), SiteSpec("x", 2, 2, 1)))
+    with pytest.raises(KeyError, match="unknown site 'y'"):
+        SiteTable((SiteSpec("x", 2, 2, 1),)).where("y")

@@ -1,0 +1,78 @@
+"""§12: toy targets train in-process, pass their task check, and are cached by config hash."""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pd.targets.base import frozen_site, taps
+from pd.targets.configs import ResidMLPConfig, TMSConfig
+from pd.targets.train import _cache_key, load_or_train, train_target
+
+SMALL_TMS = TMSConfig(n_features=5, n_hidden=2, train_steps=2000, train_batch=1024)
+
+
+def test_tms_learns_every_feature_and_records_the_attempt() -> None:
+    target = SMALL_TMS.build(C=4)
+    trained = train_target(target, SMALL_TMS.training, SMALL_TMS.seed)
+    norms = np.linalg.norm(np.asarray(trained.params["~"]["linear1"]), axis=1)
+    assert np.all(np.abs(norms - 1.0) < 0.25)
+    assert target.check(trained.params, trained.loss) is None
+    assert trained.attempt >= 0 and not trained.from_cache
+
+
+def test_a_broken_tms_is_rejected() -> None:
+    target = SMALL_TMS.build(C=4)
+    W1 = jnp.asarray([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [-1.0, 0.0], [0.0, -1.0]])
+    params = target.expand({"W1": W1, "b": jnp.zeros(5)})
+    reason = target.check(params, loss=0.001)
+    assert reason is not None and "feature norms" in reason
+
+
+def test_cache_is_reused_and_a_corrupt_file_is_retrained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PD_CACHE_DIR", str(tmp_path))
+    cfg = TMSConfig(n_features=5, n_hidden=2, train_steps=1500, train_batch=1024, seed=3)
+    target = cfg.build(C=4)
+    first = load_or_train(cfg, target)
+    second = load_or_train(cfg, target)
+    assert not first.from_cache and second.from_cache
+    for name, value in first.params["~"].items():
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(second.params["~"][name]))
+    npz = tmp_path / "targets" / f"{_cache_key(cfg)}.npz"
+    data = bytearray(npz.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # flip one byte
+    npz.write_bytes(bytes(data))
+    third = load_or_train(cfg, target)
+    assert not third.from_cache  # detected and retrained, never trusted
+    meta = json.loads(npz.with_suffix(".json").read_text())
+    assert meta["attempt"] == third.attempt
+
+
+def test_resid_mlp_forward_taps_and_label() -> None:
+    cfg = ResidMLPConfig(n_features=6, d_embed=8, d_mlp=3, n_layers=2)
+    target = cfg.build(C=5)
+    assert target.table.names == (
+        "layers.0.mlp_in",
+        "layers.0.mlp_out",
+        "layers.1.mlp_in",
+        "layers.1.mlp_out",
+    )
+    params = target.expand(target.init_train(jax.random.key(0)))
+    x = target.sample(jax.random.key(1), 16)
+    assert float(jnp.max(jnp.abs(x))) <= 1.0
+    site_inputs, clean = taps(target, params, x)
+    p = params["~"]
+    r = x @ p["embed"]
+    assert np.allclose(np.asarray(site_inputs["layers.0.mlp_in"]), np.asarray(r))
+    for i in range(2):
+        r = r + jax.nn.relu(r @ p[f"layers_{i}_mlp_in"]) @ p[f"layers_{i}_mlp_out"]
+    np.testing.assert_allclose(np.asarray(clean), np.asarray(r @ p["embed"].T), atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(target.forward(params, x, frozen_site)), np.asarray(clean), atol=1e-6
+    )
+    np.testing.assert_array_equal(np.asarray(target.label(x)), np.asarray(x + jax.nn.relu(x)))
