@@ -33,8 +33,8 @@ def measure(
     config = load_config(preset)
     recipe = make_recipe(config)
     frozen = load_or_train(config.target, recipe.target).params
-    init_key, _, run_key = key_tree(config.seed)
-    state = init_train_state(recipe, init_key)
+    init_key, src_key, run_key = key_tree(config.seed)
+    state = init_train_state(recipe, init_key, src_key)
     step, sample = make_train_step(recipe), make_sampler(recipe.target, config.train.batch)
     _compile_s.clear()
     state, metrics = step(state, frozen, sample(run_key, state.step), run_key)

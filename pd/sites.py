@@ -1,11 +1,16 @@
 """Site specifications and the static table that maps sites onto stacked storage."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from jaxtyping import Array, Shaped
 
 T = TypeVar("T")
+
+
+def _slots(groups: "Sequence[ShapeGroup | CGroup]") -> dict[str, tuple[int, int]]:
+    return {n: (g, j) for g, grp in enumerate(groups) for j, n in enumerate(grp.names)}
 
 
 @dataclass(frozen=True)
@@ -37,12 +42,22 @@ class ShapeGroup:
 
 
 @dataclass(frozen=True)
+class CGroup:
+    """All sites with equal C; persistent sources are stored stacked per C group."""
+
+    C: int
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class SiteTable:
     """Canonical site order, shape groups and the name → (group, slot) map (SPEC §2)."""
 
     sites: tuple[SiteSpec, ...]
     groups: tuple[ShapeGroup, ...] = field(init=False)
+    c_groups: tuple[CGroup, ...] = field(init=False)
     _where: dict[str, tuple[int, int]] = field(init=False, repr=False, compare=False)
+    _c_where: dict[str, tuple[int, int]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.sites]
@@ -52,9 +67,14 @@ class SiteTable:
         for s in self.sites:
             keys.setdefault((s.d_in, s.d_out, s.C), []).append(s.name)
         groups = tuple(ShapeGroup(d, o, c, tuple(ns)) for (d, o, c), ns in keys.items())
-        where = {n: (g, j) for g, grp in enumerate(groups) for j, n in enumerate(grp.names)}
+        by_c: dict[int, list[str]] = {}
+        for s in self.sites:
+            by_c.setdefault(s.C, []).append(s.name)
+        c_groups = tuple(CGroup(c, tuple(ns)) for c, ns in by_c.items())
         object.__setattr__(self, "groups", groups)
-        object.__setattr__(self, "_where", where)
+        object.__setattr__(self, "c_groups", c_groups)
+        object.__setattr__(self, "_where", _slots(groups))
+        object.__setattr__(self, "_c_where", _slots(c_groups))
 
     def __hash__(self) -> int:
         return hash(self.sites)
@@ -79,9 +99,18 @@ class SiteTable:
             raise KeyError(f"unknown site {name!r}; known sites: {', '.join(self.names)}")
         return self._where[name]
 
+    def c_where(self, name: str) -> tuple[int, int]:
+        """(C group, slot) of a site in the stacked source storage."""
+        self.where(name)  # the same error for an unknown name
+        return self._c_where[name]
+
     def group_indices(self, g: int) -> tuple[int, ...]:
-        """Canonical indices of the sites of group `g`, in slot order."""
+        """Canonical indices of the sites of shape group `g`, in slot order."""
         return tuple(self.index(n) for n in self.groups[g].names)
+
+    def c_group_indices(self, g: int) -> tuple[int, ...]:
+        """Canonical indices of the sites of C group `g`, in slot order."""
+        return tuple(self.index(n) for n in self.c_groups[g].names)
 
     def view(self, stacked: tuple[Shaped[Array, "_n ..."], ...], name: str) -> Shaped[Array, "..."]:
         """The slice of a per-group stacked array that belongs to one site."""

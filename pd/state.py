@@ -5,6 +5,7 @@ from typing import NamedTuple
 import optax
 from jaxtyping import Array, Float, Int
 
+from pd.adversary import SourceAdam, Sources
 from pd.ci import GroupParams
 
 
@@ -23,3 +24,5 @@ class TrainState(NamedTuple):
     ci_params: GroupParams
     opt_components: optax.OptState
     opt_ci: optax.OptState
+    sources: Sources  # persistent adversarial sources per C group; () without an adversary
+    source_opt: SourceAdam

@@ -92,7 +92,7 @@ def test_load_refuses_a_corrupt_checkpoint(tiny_run: RunResult, tmp_path: Path) 
 def test_s18_batch_is_pure_and_frozen_params_are_traced_arguments() -> None:
     config = load_config("tms_5-2", TINY)
     recipe = make_recipe(config)
-    init_key, _, run_key = key_tree(0)
+    init_key, src_key, run_key = key_tree(0)
     sample = make_sampler(recipe.target, 64)
     np.testing.assert_array_equal(
         np.asarray(sample(run_key, jnp.int32(7))), np.asarray(sample(run_key, jnp.int32(7)))
@@ -105,7 +105,7 @@ def test_s18_batch_is_pure_and_frozen_params_are_traced_arguments() -> None:
     outs = []
     for scale in (1.0, 2.0):
         frozen = recipe.target.expand({"W1": scale * W, "b": jnp.zeros(5)})
-        state = init_train_state(recipe, init_key)
+        state = init_train_state(recipe, init_key, src_key)
         _, metrics = step(state, frozen, sample(run_key, state.step), run_key)
         outs.append(float(metrics["loss/faithfulness"]))
     # A different frozen W changes the result without a recompile: it is an argument, not a constant.

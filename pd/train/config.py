@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from pd.adversary import Scope
 from pd.ci.mlp import PerSiteCIKind
 from pd.losses import PlanKind
 from pd.targets.configs import ResidMLPConfig, TargetConfig, TMSConfig
@@ -33,6 +34,19 @@ class ReconTerm:
 
 
 @dataclass(frozen=True)
+class AdversaryConfig:
+    """The persistent adversarial reconstruction term (SPEC §6); coeff 0 turns it off."""
+
+    coeff: float = 0.0
+    scope: Scope = "c"
+    lr: Schedule = Schedule(0.01, warmup_pct=0.025)
+    beta1: float = 0.5
+    beta2: float = 0.99
+    eps: float = 1e-8
+    n_warmup: int = 0
+
+
+@dataclass(frozen=True)
 class LossConfig:
     faithfulness: float = 1.0
     importance: float = 3e-3
@@ -42,6 +56,7 @@ class LossConfig:
     reference_token_count: float = 1.0
     recon: tuple[ReconTerm, ...] = (ReconTerm("all"), ReconTerm("per_site"))
     n_mask_samples: int = 1
+    adversary: AdversaryConfig = AdversaryConfig()
 
 
 @dataclass(frozen=True)
@@ -78,7 +93,7 @@ class RunConfig:
 
 
 # Integers that may be zero; every other integer must be positive.
-_NON_NEGATIVE_INTS = {"seed", "n_identity", "faith_warmup_steps"}
+_NON_NEGATIVE_INTS = {"seed", "n_identity", "faith_warmup_steps", "n_warmup"}
 # Floats that must lie in [0, 1].
 _FRACTIONS = {"feature_prob", "warmup_pct", "final_frac"}
 

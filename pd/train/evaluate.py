@@ -59,8 +59,7 @@ def make_eval_step(recipe: Recipe) -> EvalFn:
     def eval_step(
         state: TrainState, frozen: hk.Params, x: Batch, key: Key[Array, ""]
     ) -> tuple[Metrics, tuple[Float[Array, "_n _C"], ...]]:
-        trainables = (state.components, state.ci_params)
-        _, metrics = recipe.loss_fn(trainables, frozen, x, key, state.step)
+        _, metrics = recipe.loss_fn(state, frozen, x, key)
         ci, _ = recipe.ci(state.ci_params, state.components, frozen, x)
         return metrics, tuple(jnp.max(lower, axis=1) for lower in ci.lower)
 

@@ -95,8 +95,8 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
         trained.from_cache,
     )
     frozen = trained.params
-    init_key, _, run_key = key_tree(config.seed)
-    state = init_train_state(recipe, init_key)
+    init_key, src_key, run_key = key_tree(config.seed)
+    state = init_train_state(recipe, init_key, src_key)
     if config.train.faith_warmup_steps > 0:
         state = state._replace(components=faith_warmup(recipe, state.components, frozen))
     state = _train(recipe, state, frozen, run_key, run_dir)

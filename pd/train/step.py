@@ -11,6 +11,7 @@ import optax
 from jax.typing import ArrayLike
 from jaxtyping import Array, Bool, Float, Int, Key
 
+from pd.adversary import Sources, ascend, init_source_adam, init_sources, scope_shape
 from pd.ci import CI, GroupParams, PerSiteCI
 from pd.decompose import make_mask, site_out
 from pd.init import init_ci_fn, init_vu
@@ -153,18 +154,40 @@ class Recipe:
             live[name] = LiveSite(ci + (1.0 - ci) * source, jnp.zeros(ci.shape[:-1]), None)
         return mse(self.masked_output(frozen, x, comps, live), clean)
 
-    def loss_fn(
+    def adversarial_recon(
         self,
-        trainables: tuple[Components, GroupParams],
+        sources: Sources,
+        frozen: hk.Params,
+        x: Batch,
+        comps: Components,
+        ci_lower: tuple[Float[Array, "_n B _C"], ...],
+        clean: Float[Array, "B n_out"],
+    ) -> Float[Array, ""]:
+        """S12: all sites live, routed everywhere, masks from the persistent sources."""
+        live = {}
+        for name in self.table.names:
+            g, slot = self.table.where(name)
+            cg, cslot = self.table.c_where(name)
+            ci = ci_lower[g][slot]
+            src = jnp.broadcast_to(
+                sources[cg][cslot].astype(ci.dtype), (*ci.shape[:-1], ci.shape[-1] + 1)
+            )
+            mask, delta = make_mask(ci, src)
+            live[name] = LiveSite(mask, delta, None)
+        return mse(self.masked_output(frozen, x, comps, live), clean)
+
+    def losses(
+        self,
+        comps: Components,
+        ci: CI,
+        sources: Sources,
+        clean: Float[Array, "B n_out"],
         frozen: hk.Params,
         x: Batch,
         step_key: Key[Array, ""],
         step: Int[Array, ""],
     ) -> tuple[Float[Array, ""], Metrics]:
-        """The total loss and every term under its own name."""
-        comps, ci_params = trainables
-        ci, clean = self.ci(ci_params, comps, frozen, x)
-        clean = jax.lax.stop_gradient(clean)  # S3
+        """The total loss given this step's CI, and every term under its own name."""
         cfg = self.loss
         faith = faithfulness(stacked_weights(self.target, frozen), comps.V, comps.U)
         p = schedule_value(cfg.p, self.train.steps, step)
@@ -180,16 +203,28 @@ class Recipe:
             )
             total = total + term.coeff * value
             metrics[f"loss/recon_{term.plan}"] = value
+        if cfg.adversary.coeff > 0:
+            value = self.adversarial_recon(sources, frozen, x, comps, ci.lower, clean)
+            total = total + cfg.adversary.coeff * value
+            metrics["loss/adversarial"] = value
         lower = jax.lax.stop_gradient(ci.lower)
         metrics["monitor/ci_masked_recon"] = self.monitor(0.0, frozen, x, comps, lower, clean)
         metrics["monitor/unmasked_recon"] = self.monitor(1.0, frozen, x, comps, lower, clean)
         for name in self.table.names:
             g, slot = self.table.where(name)
-            metrics[f"ci_l0/{name}"] = jnp.mean(
-                jnp.sum(ci.lower[g][slot] > 0.1, axis=-1).astype(jnp.float32)
-            )
+            active = jnp.sum(ci.lower[g][slot] > 0.1, axis=-1)
+            metrics[f"ci_l0/{name}"] = jnp.mean(active.astype(jnp.float32))
         metrics["loss/total"] = total
         return total, metrics
+
+    def loss_fn(
+        self, state: TrainState, frozen: hk.Params, x: Batch, step_key: Key[Array, ""]
+    ) -> tuple[Float[Array, ""], Metrics]:
+        """The losses of `state` on a batch (evaluation; the step differentiates `losses`)."""
+        ci, clean = self.ci(state.ci_params, state.components, frozen, x)
+        return self.losses(
+            state.components, ci, state.sources, clean, frozen, x, step_key, state.step
+        )
 
 
 def clip_global_norm(grads: Components, max_norm: float) -> Components:
@@ -206,25 +241,54 @@ StepFn = Callable[[TrainState, hk.Params, Batch, Key[Array, ""]], tuple[TrainSta
 def make_train_step(recipe: Recipe) -> StepFn:
     """One jitted `train_step(state, frozen, batch, run_key)`; frozen params are traced (S18)."""
     opt_c, opt_ci = recipe.component_optimizer(), recipe.ci_optimizer()
+    adv = recipe.loss.adversary
 
     def train_step(
         state: TrainState, frozen: hk.Params, x: Batch, run_key: Key[Array, ""]
     ) -> tuple[TrainState, Metrics]:
         step_key = jax.random.fold_in(run_key, state.step)
-        trainables = (state.components, state.ci_params)
-        grad_fn = jax.value_and_grad(recipe.loss_fn, has_aux=True)
-        (_, metrics), (g_comps, g_ci) = grad_fn(trainables, frozen, x, step_key, state.step)
+        comps = state.components
+
+        def ci_of(ci_params: GroupParams, comps: Components) -> tuple[CI, Float[Array, "B n_out"]]:
+            return recipe.ci(ci_params, comps, frozen, x)
+
+        # The CI function runs once per step; its vjp carries the loss gradients back to it.
+        (ci, clean), ci_vjp = jax.vjp(ci_of, state.ci_params, comps)
+        clean = jax.lax.stop_gradient(clean)  # S3
+        sources, source_opt = state.sources, state.source_opt
+        if adv.coeff > 0:
+            source_lr = schedule_value(adv.lr, recipe.train.steps, state.step)  # once per step
+            fixed = jax.lax.stop_gradient((comps, ci.lower))
+            for _ in range(adv.n_warmup):  # S13: ascents on detached components and CI
+                g = jax.grad(recipe.adversarial_recon)(sources, frozen, x, *fixed, clean)
+                sources, source_opt = ascend(
+                    sources, source_opt, g, source_lr, adv.beta1, adv.beta2, adv.eps
+                )
+        grad_fn = jax.value_and_grad(recipe.losses, argnums=(0, 1, 2), has_aux=True)
+        (_, metrics), (g_comps, g_ci, g_sources) = grad_fn(
+            comps, ci, sources, clean, frozen, x, step_key, state.step
+        )
+        g_ci_params, g_comps_via_ci = ci_vjp((g_ci, jnp.zeros_like(clean)))
+        g_comps = jax.tree.map(jnp.add, g_comps, g_comps_via_ci)
+        if adv.coeff > 0:
+            # S14: the final ascent uses this backward's source gradient, without the coefficient.
+            g_term = jax.tree.map(lambda g: g / adv.coeff, g_sources)
+            sources, source_opt = ascend(
+                sources, source_opt, g_term, source_lr, adv.beta1, adv.beta2, adv.eps
+            )
         if recipe.train.grad_clip > 0:
             g_comps = clip_global_norm(g_comps, recipe.train.grad_clip)
-        up_c, opt_c_state = opt_c.update(g_comps, state.opt_components, state.components)
-        up_ci, opt_ci_state = opt_ci.update(g_ci, state.opt_ci, state.ci_params)
+        up_c, opt_c_state = opt_c.update(g_comps, state.opt_components, comps)
+        up_ci, opt_ci_state = opt_ci.update(g_ci_params, state.opt_ci, state.ci_params)
         metrics["lr"] = schedule_value(recipe.train.lr, recipe.train.steps, state.step)
         new = TrainState(
             step=state.step + 1,
-            components=optax.apply_updates(state.components, up_c),
+            components=optax.apply_updates(comps, up_c),
             ci_params=optax.apply_updates(state.ci_params, up_ci),
             opt_components=opt_c_state,
             opt_ci=opt_ci_state,
+            sources=sources,
+            source_opt=source_opt,
         )
         return new, metrics
 
@@ -249,16 +313,28 @@ def make_sampler(
     return fn
 
 
-def init_train_state(recipe: Recipe, init_key: Key[Array, ""]) -> TrainState:
-    """Stacked V/U, CI parameters and both optimizer states (each init jitted by name)."""
+def init_train_state(
+    recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, ""]
+) -> TrainState:
+    """Stacked V/U, CI parameters, sources and every optimizer state (each init jitted by name)."""
     comps: Components = jax.jit(init_vu, static_argnums=1)(init_key, recipe.table)
     ci_params: GroupParams = jax.jit(init_ci_fn, static_argnums=1)(init_key, recipe.ci_fn)
+    adv = recipe.loss.adversary
+    sources: Sources = ()
+    if adv.coeff > 0:
+        # The adversarial term is term t = len(recon) in the source key tree (SPEC §9).
+        scope = scope_shape(adv.scope, recipe.train.batch)
+        sources = jax.jit(init_sources, static_argnums=(1, 2, 3))(
+            src_key, len(recipe.loss.recon), recipe.table, scope
+        )
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         components=comps,
         ci_params=ci_params,
         opt_components=recipe.component_optimizer().init(comps),
         opt_ci=recipe.ci_optimizer().init(ci_params),
+        sources=sources,
+        source_opt=init_source_adam(sources),
     )
 
 

@@ -1,0 +1,73 @@
+"""Persistent adversarial sources: stacked per C group, ascended by Adam with a clamp (SPEC §6)."""
+
+from functools import partial
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, Key
+
+from pd.sites import SiteTable
+
+Scope = Literal["c", "bc"]
+Sources = tuple[Float[Array, "_n ... _Cp1"], ...]
+
+
+class SourceAdam(NamedTuple):
+    """Adam moments (fp32) and the number of updates so far (for bias correction)."""
+
+    m: tuple[Float[Array, "_n ... _Cp1"], ...]
+    v: tuple[Float[Array, "_n ... _Cp1"], ...]
+    n_updates: Int[Array, ""]
+
+
+def scope_shape(scope: Scope, batch: int) -> tuple[int, ...]:
+    """Toys: `c` is one source per site shared over the batch, `bc` one per example."""
+    return (1,) if scope == "c" else (batch,)
+
+
+def init_sources(
+    src_key: Key[Array, ""],
+    term: int,
+    table: SiteTable,
+    scope: tuple[int, ...],
+    dtype: jnp.dtype = jnp.float32,
+) -> Sources:
+    """`U[0, 1)` drawn in fp32, cast to `dtype`; site i draws from `split(fold_in(src_key, t), n)[i]`."""
+    keys = jax.random.split(jax.random.fold_in(src_key, term), len(table.sites))
+    out = []
+    for g, grp in enumerate(table.c_groups):
+        idx = jnp.asarray(table.c_group_indices(g))
+        shape = (*scope, grp.C + 1)
+        draw = jax.vmap(partial(jax.random.uniform, shape=shape, dtype=jnp.float32))
+        out.append(draw(keys[idx]).astype(dtype))
+    return tuple(out)
+
+
+def init_source_adam(sources: Sources) -> SourceAdam:
+    zeros = tuple(jnp.zeros(s.shape, jnp.float32) for s in sources)
+    return SourceAdam(zeros, zeros, jnp.zeros((), jnp.int32))
+
+
+def ascend(
+    sources: Sources,
+    state: SourceAdam,
+    grads: Sources,
+    lr: Float[Array, ""],
+    b1: float,
+    b2: float,
+    eps: float,
+) -> tuple[Sources, SourceAdam]:
+    """S15: one Adam ascent step, `lr · m̂ / (sqrt(v̂) + eps)`, then clamp to [0, 1]."""
+    n_updates = state.n_updates + 1
+    t = n_updates.astype(jnp.float32)
+    new_src, new_m, new_v = [], [], []
+    for src, m, v, g in zip(sources, state.m, state.v, grads, strict=True):
+        g = g.astype(m.dtype)  # bf16 gradients are cast to the moment dtype first
+        m = b1 * m + (1.0 - b1) * g
+        v = b2 * v + (1.0 - b2) * g * g
+        update = lr * (m / (1.0 - b1**t)) / (jnp.sqrt(v / (1.0 - b2**t)) + eps)
+        new_src.append(jnp.clip(src.astype(jnp.float32) + update, 0.0, 1.0).astype(src.dtype))
+        new_m.append(m)
+        new_v.append(v)
+    return tuple(new_src), SourceAdam(tuple(new_m), tuple(new_v), n_updates)
