@@ -45,8 +45,10 @@ def init_sources(
 
 
 def init_source_adam(sources: Sources) -> SourceAdam:
-    zeros = tuple(jnp.zeros(s.shape, jnp.float32) for s in sources)
-    return SourceAdam(zeros, zeros, jnp.zeros((), jnp.int32))
+    # m and v must be distinct buffers: the step donates its state.
+    m = tuple(jnp.zeros(s.shape, jnp.float32) for s in sources)
+    v = tuple(jnp.zeros(s.shape, jnp.float32) for s in sources)
+    return SourceAdam(m, v, jnp.zeros((), jnp.int32))
 
 
 def ascend(

@@ -28,6 +28,16 @@ def test_dense_ci_error_uses_the_k_most_used_columns() -> None:
 def test_mmcs_ml2r_perfect_and_scaled() -> None:
     W = np.asarray([[1.0, 0.0], [0.6, 0.8], [0.0, 2.0]])
     V = np.eye(3)  # subcomponent c owns feature c
-    assert mmcs_ml2r(W, V, W.copy()) == (1.0, 1.0)
-    mmcs, ml2r = mmcs_ml2r(W, V, 0.5 * W)
+    alive = np.ones(3, dtype=bool)
+    assert mmcs_ml2r(W, V, W.copy(), alive) == (1.0, 1.0)
+    mmcs, ml2r = mmcs_ml2r(W, V, 0.5 * W, alive)
     assert mmcs == 1.0 and abs(ml2r - 0.5) < 1e-12
+
+
+def test_mmcs_ml2r_ignores_dead_remnants() -> None:
+    W = np.asarray([[1.0, 0.0], [0.0, 1.0]])
+    # subcomponents 0, 1 alive but slightly rotated; 2, 3 dead remnants aligned with the features
+    V = np.asarray([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]])
+    U = np.asarray([[1.0, 0.1], [0.1, 1.0], [1e-4, 0.0], [0.0, 1e-4]])
+    mmcs, ml2r = mmcs_ml2r(W, V, U, np.asarray([True, True, False, False]))
+    assert mmcs < 1.0 and abs(ml2r - float(np.hypot(1.0, 0.1))) < 1e-9

@@ -28,7 +28,7 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
-    config = load_config("tms_5-2-id", TINY)
+    config = load_config("tms_5-2-id", [*TINY, "loss.adversary.coeff=1.0"])
     return run(config, tmp_path_factory.mktemp("runs") / "tiny")
 
 
@@ -52,6 +52,7 @@ def test_run_folder_contents(tiny_run: RunResult) -> None:
         "ci_l0/linear1",
         "loss/recon_all",
         "monitor/ci_masked_recon",
+        "loss/adversarial",
     ):
         assert key in summary, key
     assert 0.0 <= summary["alive/linear1"] <= 20.0

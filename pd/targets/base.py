@@ -39,8 +39,8 @@ class Target(Protocol):
         ...
 
     @property
-    def feature_sites(self) -> dict[str, bool]:
-        """Sites with one known direction per feature (MMCS / ML2R); True when it is a column."""
+    def feature_sites(self) -> tuple[str, ...]:
+        """Sites whose row j is feature j's known direction (MMCS / ML2R, SPEC §13)."""
         ...
 
     def forward(

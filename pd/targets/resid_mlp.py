@@ -46,11 +46,12 @@ class ResidMLP:
 
     @property
     def dense_sites(self) -> dict[str, int]:
-        return {}
+        """The read-out of d_mlp neurons is expected as d_mlp co-active subcomponents."""
+        return {f"layers.{i}.mlp_out": self.d_mlp for i in range(self.n_layers)}
 
     @property
-    def feature_sites(self) -> dict[str, bool]:
-        return {}
+    def feature_sites(self) -> tuple[str, ...]:
+        return ()
 
     def forward(
         self, params: hk.Params, x: Float[Array, "B n"], site: SiteHook

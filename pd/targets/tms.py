@@ -46,8 +46,10 @@ class TMS:
         return {f"hidden.{i}": self.n_hidden for i in range(self.n_identity)}
 
     @property
-    def feature_sites(self) -> dict[str, bool]:
-        return {"linear1": False, "linear2": True}
+    def feature_sites(self) -> tuple[str, ...]:
+        """Row j of W1 is feature j's direction; linear2's read-out direction is not identified
+        (any read direction with the right projection reconstructs), so it is not scored."""
+        return ("linear1",)
 
     def forward(
         self, params: hk.Params, x: Float[Array, "B n"], site: SiteHook

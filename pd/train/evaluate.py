@@ -9,7 +9,8 @@ import numpy as np
 from jaxtyping import Array, Float, Key
 from scipy.optimize import linear_sum_assignment
 
-from pd.state import TrainState
+from pd.ci import GroupParams
+from pd.state import Components, TrainState
 from pd.train.step import Batch, Metrics, Recipe
 
 ALIVE_THRESHOLD = 0.1
@@ -33,12 +34,19 @@ def dense_ci_error(ci: np.ndarray, k: int, tol: float) -> int:
     return int(np.sum(ci[:, used].max(axis=0) < 1.0 - tol) + np.sum(ci[:, rest] > tol))
 
 
-def mmcs_ml2r(W: np.ndarray, V: np.ndarray, U: np.ndarray) -> tuple[float, float]:
-    """Row j of `W [n, m]` against row j of each rank-1 piece `V[j, c] · U[c, :]`.
+def mmcs_ml2r(
+    W: np.ndarray, V: np.ndarray, U: np.ndarray, alive: np.ndarray
+) -> tuple[float, float]:
+    """Row j of `W [n, m]` against row j of each alive rank-1 piece `V[j, c] · U[c, :]`.
 
     MMCS: mean over j of the best cosine; ML2R: mean norm ratio of that best match to row j.
+    Only alive subcomponents compete: a dead one keeps a tiny remnant whose direction can match
+    a feature perfectly, which would make the norm ratio meaningless.
     """
-    pieces = V[:, :, None] * U[None, :, :]  # [n, C, m]
+    if not alive.any():
+        return 0.0, 0.0
+    V, U = V[:, alive], U[alive]
+    pieces = V[:, :, None] * U[None, :, :]  # [n, C_alive, m]
     norms = np.linalg.norm(pieces, axis=-1)
     w_norm = np.linalg.norm(W, axis=-1)
     cos = np.einsum("ncm,nm->nc", pieces, W) / np.maximum(norms * w_norm[:, None], 1e-12)
@@ -67,10 +75,12 @@ def make_eval_step(recipe: Recipe) -> EvalFn:
     return fn
 
 
-def probe_ci(recipe: Recipe, state: TrainState, frozen: hk.Params) -> dict[str, np.ndarray]:
+def probe_ci(
+    recipe: Recipe, ci_params: GroupParams, comps: Components, frozen: hk.Params
+) -> dict[str, np.ndarray]:
     """`{site: [n_features, C]}` CI of each one-hot feature input with value 0.75."""
     probes = 0.75 * jnp.eye(recipe.target.n_features)
-    ci, _ = jax.jit(recipe.ci)(state.ci_params, state.components, frozen, probes)
+    ci, _ = jax.jit(recipe.ci)(ci_params, comps, frozen, probes)
     return {n: np.asarray(v) for n, v in recipe.table.views(ci.lower).items()}
 
 
@@ -97,9 +107,13 @@ def evaluate(
         ci_max = [np.maximum(a, m) for a, m in zip(ci_max, maxes, strict=True)]
     summary = {k: v for k, v in sums.items() if k.startswith(("loss/", "monitor/", "ci_l0/"))}
     summary["eval/n_samples"] = float(n_batches * batch)
-    for name, mx in table.views(tuple(jnp.asarray(m) for m in ci_max)).items():
-        summary[f"alive/{name}"] = float(np.sum(mx > ALIVE_THRESHOLD))
-    probes = probe_ci(recipe, state, frozen)
+    alive = {
+        n: np.asarray(mx) > ALIVE_THRESHOLD
+        for n, mx in table.views(tuple(jnp.asarray(m) for m in ci_max)).items()
+    }
+    for name, mask in alive.items():
+        summary[f"alive/{name}"] = float(np.sum(mask))
+    probes = probe_ci(recipe, state.ci_params, state.components, frozen)
     for name, ci in probes.items():
         k = recipe.target.dense_sites.get(name)
         for tol in (0.1, 0.2):
@@ -109,10 +123,8 @@ def evaluate(
                 summary[f"dense_ci_error_{tol}/{name}"] = float(dense_ci_error(ci, k, tol))
     weights = recipe.target.weights(frozen)
     comps = table.views(state.components.V), table.views(state.components.U)
-    for name, read_out in recipe.target.feature_sites.items():
+    for name in recipe.target.feature_sites:
         W, V, U = (np.asarray(a) for a in (weights[name], comps[0][name], comps[1][name]))
-        if read_out:  # feature j is column j of W: transpose so it is a row
-            W, V, U = W.T, U.T, V.T
-        mmcs, ml2r = mmcs_ml2r(W, V, U)
+        mmcs, ml2r = mmcs_ml2r(W, V, U, alive[name])
         summary[f"mmcs/{name}"], summary[f"ml2r/{name}"] = mmcs, ml2r
     return summary

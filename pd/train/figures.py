@@ -10,13 +10,16 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import numpy as np
 
-from pd.state import TrainState
+from pd.ci import GroupParams
+from pd.state import Components
 from pd.train.evaluate import ALIVE_THRESHOLD, probe_ci
 from pd.train.step import Recipe
 
 
-def _ci_probes(recipe: Recipe, state: TrainState, frozen: hk.Params, path: Path) -> None:
-    probes = probe_ci(recipe, state, frozen)
+def _ci_probes(
+    recipe: Recipe, ci_params: GroupParams, comps: Components, frozen: hk.Params, path: Path
+) -> None:
+    probes = probe_ci(recipe, ci_params, comps, frozen)
     fig, axes = plt.subplots(1, len(probes), figsize=(4 * len(probes), 3.5), squeeze=False)
     for ax, (name, ci) in zip(axes[0], probes.items(), strict=True):
         used = np.flatnonzero(ci.max(axis=0) > ALIVE_THRESHOLD)
@@ -32,12 +35,12 @@ def _ci_probes(recipe: Recipe, state: TrainState, frozen: hk.Params, path: Path)
     plt.close(fig)
 
 
-def _components(recipe: Recipe, state: TrainState, frozen: hk.Params, path: Path) -> None:
+def _components(recipe: Recipe, comps: Components, frozen: hk.Params, path: Path) -> None:
     """Rank-1 piece norms per site; for 2-d TMS hidden spaces, feature directions as arrows."""
     table = recipe.table
-    V, U = table.views(state.components.V), table.views(state.components.U)
+    V, U = table.views(comps.V), table.views(comps.U)
     weights = recipe.target.weights(frozen)
-    arrows = {n: ro for n, ro in recipe.target.feature_sites.items() if min(weights[n].shape) == 2}
+    arrows = [n for n in recipe.target.feature_sites if weights[n].shape[1] == 2]
     n_cols = len(table.names) + len(arrows)
     fig, axes = plt.subplots(1, n_cols, figsize=(4 * n_cols, 3.5), squeeze=False)
     for ax, name in zip(axes[0], table.names, strict=False):
@@ -47,10 +50,8 @@ def _components(recipe: Recipe, state: TrainState, frozen: hk.Params, path: Path
         ax.bar(np.arange(norms.size), norms)
         ax.set_title(f"{name}: ‖V[:, c]‖·‖U[c, :]‖")
         ax.set_xlabel("subcomponent")
-    for ax, (name, read_out) in zip(axes[0][len(table.names) :], arrows.items(), strict=True):
+    for ax, name in zip(axes[0][len(table.names) :], arrows, strict=True):
         W, v, u = (np.asarray(a) for a in (weights[name], V[name], U[name]))
-        if read_out:
-            W, v, u = W.T, u.T, v.T
         for j, row in enumerate(W):
             ax.arrow(0, 0, *row, color="black", width=0.01, length_includes_head=True)
             ax.annotate(f"f{j}", row * 1.08)
@@ -81,8 +82,10 @@ def _losses(run_dir: Path, path: Path) -> None:
     plt.close(fig)
 
 
-def write_figures(recipe: Recipe, state: TrainState, frozen: hk.Params, run_dir: Path) -> None:
+def write_figures(
+    recipe: Recipe, ci_params: GroupParams, comps: Components, frozen: hk.Params, run_dir: Path
+) -> None:
     """`ci_probes.png`, `components.png` and `losses.png` in the run folder."""
-    _ci_probes(recipe, state, frozen, run_dir / "ci_probes.png")
-    _components(recipe, state, frozen, run_dir / "components.png")
+    _ci_probes(recipe, ci_params, comps, frozen, run_dir / "ci_probes.png")
+    _components(recipe, comps, frozen, run_dir / "components.png")
     _losses(run_dir, run_dir / "losses.png")

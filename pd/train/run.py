@@ -111,7 +111,7 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
     if config.eval.figures:
         from pd.train.figures import write_figures  # matplotlib is imported only when drawing
 
-        write_figures(recipe, state, frozen, run_dir)
+        write_figures(recipe, state.ci_params, state.components, frozen, run_dir)
     return RunResult(run_dir, config, summary, state, frozen, recipe)
 
 
