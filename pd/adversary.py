@@ -33,7 +33,7 @@ def init_sources(
     scope: tuple[int, ...],
     dtype: jnp.dtype = jnp.float32,
 ) -> Sources:
-    """`U[0, 1)` drawn in fp32, cast to `dtype`; site i draws from `split(fold_in(src_key, t), n)[i]`."""
+    """`U[0, 1)` in fp32, cast to `dtype`; site i draws from `split(fold_in(src_key, t), n)[i]`."""
     keys = jax.random.split(jax.random.fold_in(src_key, term), len(table.sites))
     out = []
     for g, grp in enumerate(table.c_groups):

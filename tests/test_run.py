@@ -1,4 +1,4 @@
-"""End to end on a tiny budget: the run folder, `pd.load`, the step's purity (S18) and I1 for V/U."""
+"""End to end on a tiny budget: the run folder, `pd.load`, the step's purity (S18), I1 for V/U."""
 
 import json
 from pathlib import Path
@@ -86,7 +86,7 @@ def test_load_refuses_a_corrupt_checkpoint(tiny_run: RunResult, tmp_path: Path) 
     (broken / "decomposition.npz").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="is corrupt"):
         pd.load(broken)
-    with pytest.raises(FileNotFoundError, match="has no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"has no config\.json"):
         pd.load(tmp_path / "nowhere")
 
 
@@ -109,7 +109,7 @@ def test_s18_batch_is_pure_and_frozen_params_are_traced_arguments() -> None:
         state = init_train_state(recipe, init_key, src_key)
         _, metrics = step(state, frozen, sample(run_key, state.step), run_key)
         outs.append(float(metrics["loss/faithfulness"]))
-    # A different frozen W changes the result without a recompile: it is an argument, not a constant.
+    # Another frozen W changes the result without a recompile: an argument, not a constant.
     assert outs[0] != outs[1]
     assert step._cache_size() == 1  # type: ignore[attr-defined]  # jit's private cache counter
 

@@ -4,6 +4,7 @@ Each is a single-site `hk.transform`; a shape group's parameters are that init v
 per-site keys, and its forward is the apply vmapped over the group (one RNG body per group).
 """
 
+import itertools
 import math
 from typing import Literal
 
@@ -32,7 +33,7 @@ def _per_subcomponent_mlp(
     """
     sizes = (x.shape[-1], *widths, 1)
     h = x
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         last = i == len(sizes) - 2
         gain = 1.0 if last else math.sqrt(2.0)
         w = hk.get_parameter(f"w{i}", (C, fan_in, fan_out), init=_kaiming(fan_in, gain))
@@ -49,7 +50,7 @@ def _shared_mlp(
 ) -> Float[Array, "*L C"]:
     """One MLP per site: `d_in → widths… → C`."""
     sizes = (h.shape[-1], *widths, C)
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         last = i == len(sizes) - 2
         gain = 1.0 if last else math.sqrt(2.0)
         w = hk.get_parameter(f"w{i}", (fan_in, fan_out), init=_kaiming(fan_in, gain))
@@ -61,7 +62,7 @@ def _shared_mlp(
 
 
 def site_ci_transform(kind: PerSiteCIKind, widths: tuple[int, ...], C: int) -> hk.Transformed:
-    """`hk.Transformed` mapping `(x [*L, d_in], V [d_in, C])` to CI logits `[*L, C]` for one site."""
+    """`hk.Transformed` mapping one site's `(x [*L, d_in], V [d_in, C])` to CI logits `[*L, C]`."""
 
     def forward(x: Float[Array, "*L d_in"], V: Float[Array, "d_in C"]) -> Float[Array, "*L C"]:
         with hk.name_scope(kind):

@@ -30,7 +30,7 @@ def save(path: Path, trained: Trained) -> None:
 
 
 def load(path: Path, like: PyTree[jax.ShapeDtypeStruct]) -> Trained:
-    """Read a saved decomposition into the abstract structure `like` (shapes checked), or say why not."""
+    """The saved decomposition in the abstract structure `like` (shapes checked), or why not."""
     if not path.exists():
         raise FileNotFoundError(
             f"checkpoint '{path}' does not exist, expected a saved decomposition"
@@ -53,7 +53,8 @@ def load(path: Path, like: PyTree[jax.ShapeDtypeStruct]) -> Trained:
             value = z[key]
             if value.shape != ref.shape:
                 raise ValueError(
-                    f"checkpoint '{path}' array '{key}' has shape {value.shape}, expected {ref.shape}"
+                    f"checkpoint '{path}' array '{key}' has shape {value.shape}, "
+                    f"expected {ref.shape}"
                 )
             leaves.append(jnp.asarray(value))
     restored: Trained = jax.tree_util.tree_unflatten(treedef, leaves)

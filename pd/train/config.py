@@ -145,7 +145,8 @@ def _build(tp: object, value: object, path: str) -> object:
         kind = value.get("kind", "tms") if isinstance(value, dict) else None
         if kind not in kinds:
             raise ConfigError(
-                f"config key '{path}.kind' is {kind!r}, expected one of {', '.join(map(repr, kinds))}"
+                f"config key '{path}.kind' is {kind!r}, "
+                f"expected one of {', '.join(map(repr, kinds))}"
             )
         return _build(kinds[kind], value, path)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):

@@ -48,7 +48,7 @@ def _components(recipe: Recipe, comps: Components, frozen: hk.Params, path: Path
             np.asarray(U[name]), axis=1
         )
         ax.bar(np.arange(norms.size), norms)
-        ax.set_title(f"{name}: ‖V[:, c]‖·‖U[c, :]‖")
+        ax.set_title(f"{name}: ‖V[:, c]‖·‖U[c, :]‖", fontsize=9)
         ax.set_xlabel("subcomponent")
     for ax, name in zip(axes[0][len(table.names) :], arrows, strict=True):
         W, v, u = (np.asarray(a) for a in (weights[name], V[name], U[name]))
@@ -60,7 +60,7 @@ def _components(recipe: Recipe, comps: Components, frozen: hk.Params, path: Path
             c = int(np.argmax(np.linalg.norm(pieces[j], axis=-1)))
             ax.arrow(0, 0, *pieces[j, c], color="tab:red", width=0.005, alpha=0.7)
         ax.set_aspect("equal")
-        ax.set_title(f"{name}: features (black), best subcomponent (red)")
+        ax.set_title(f"{name}: features (black),\nlargest subcomponent piece (red)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,84 @@
+"""§7/§8: the clip (S19), AdamW without weight decay (S19/S20), the faithfulness warmup (S21),
+CI parameters per site from the key tree (I1), and the gradient through the single CI pass."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from pd.ci import PerSiteCI
+from pd.ci.mlp import site_ci_transform
+from pd.init import init_ci_fn, init_vu, key_tree
+from pd.losses import faithfulness
+from pd.state import Components
+from pd.train import load_config
+from pd.train.run import make_recipe
+from pd.train.step import clip_global_norm, faith_warmup, stacked_weights
+
+
+def test_s19_clip_uses_the_plus_1e6_epsilon() -> None:
+    grads = Components((jnp.full((1, 1, 1), 3.0),), (jnp.full((1, 1, 1), 4.0),))
+    clipped = clip_global_norm(grads, 0.01)
+    scale = 0.01 / (5.0 + 1e-6)
+    assert float(clipped.V[0][0, 0, 0]) == pytest.approx(3.0 * scale, rel=1e-6)
+    assert float(clipped.U[0][0, 0, 0]) == pytest.approx(4.0 * scale, rel=1e-6)
+    unclipped = clip_global_norm(grads, 100.0)  # min(1, ·): never scales up
+    assert float(unclipped.V[0][0, 0, 0]) == 3.0
+
+
+def test_s19_s20_optimizers_have_zero_weight_decay() -> None:
+    recipe = make_recipe(load_config("tms_5-2"))
+    params = {"w": jnp.ones((3,))}
+    for tx in (recipe.component_optimizer(), recipe.ci_optimizer()):
+        updates, _ = tx.update({"w": jnp.zeros((3,))}, tx.init(params), params)
+        moved = optax.apply_updates(params, updates)
+        # a zero gradient moves nothing: there is no decoupled weight decay
+        np.testing.assert_array_equal(np.asarray(moved["w"]), np.ones(3))
+
+
+def test_s21_faithfulness_warmup_fits_the_weights_and_leaves_no_optimizer() -> None:
+    recipe = make_recipe(load_config("tms_5-2", ["train.faith_warmup_steps=200"]))
+    frozen = recipe.target.expand(recipe.target.init_train(jax.random.key(0)))
+    init_key, _, _ = key_tree(0)
+    comps = init_vu(init_key, recipe.table)
+    W = stacked_weights(recipe.target, frozen)
+    before = float(faithfulness(W, comps.V, comps.U))
+    warmed = faith_warmup(recipe, comps, frozen)
+    after = float(faithfulness(W, warmed.V, warmed.U))
+    assert after < 0.1 * before
+    assert isinstance(warmed, Components)  # the warmup optimizer is discarded
+
+
+def test_i1_ci_params_batched_equal_per_site_unrolled() -> None:
+    recipe = make_recipe(load_config("tms_5-2-id"))
+    table = recipe.table
+    init_key, _, _ = key_tree(4)
+    batched = jax.jit(init_ci_fn, static_argnums=1)(init_key, recipe.ci_fn)
+    ci_key = jax.random.fold_in(init_key, 1)
+    for i, site in enumerate(table.sites):
+        net = site_ci_transform(recipe.ci_fn.kind, recipe.ci_fn.hidden, site.C)
+        x, V = jnp.zeros((1, site.d_in)), jnp.zeros((site.d_in, site.C))
+        ref = jax.jit(net.init)(jax.random.fold_in(ci_key, i), x, V)
+        g, slot = table.where(site.name)
+        got = jax.tree.map(lambda a, slot=slot: a[slot], batched[g])
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("kind", ["mlp", "vector_mlp", "shared_mlp"])
+def test_ci_kinds_shapes_and_init_scales(kind: str) -> None:
+    recipe = make_recipe(load_config("tms_5-2", [f'ci_fn="{kind}"', "ci_hidden=[16, 8]"]))
+    ci_fn: PerSiteCI = recipe.ci_fn
+    params = ci_fn.init(jax.random.key(0))
+    comps = init_vu(jax.random.key(1), recipe.table)
+    x = jax.random.uniform(jax.random.key(2), (7, 5))
+    ci, _ = recipe.ci(
+        params, comps, recipe.target.expand(recipe.target.init_train(jax.random.key(3))), x
+    )
+    assert [c.shape for c in ci.lower] == [(1, 7, 20), (1, 7, 20)]
+    assert all(float(c.min()) >= 0.0 and float(c.max()) <= 1.0 for c in ci.lower)
+    for leaf_path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        name = jax.tree_util.keystr(leaf_path)
+        if "'b" in name:
+            assert float(jnp.abs(leaf).max()) == 0.0, name  # zero biases
