@@ -23,18 +23,12 @@ def site_out(
 ) -> Float[Array, "*L d_out"]:
     """`[*L, d_out]`: a live site's output; `None` masks are ones, `None` route is everywhere."""
     inner = x @ V
-    masked = inner if mask is None else inner * mask
-    y = masked @ U
-    # x@W − (x@V)@U in activation space: the [d_in, d_out] delta is never formed (SPEC §3).
-    delta = x @ W - inner @ U
-    y = y + (delta if delta_mask is None else delta_mask[..., None] * delta)
+    ones = jnp.ones(inner.shape[:-1], inner.dtype)
+    delta = ones if delta_mask is None else delta_mask
+    # masked·inner@U + delta·(x@W − inner@U) = (inner·(mask − delta))@U + delta·(x@W): one
+    # [C, d_out] matmul instead of two; the [d_in, d_out] delta matrix is never formed (SPEC §3).
+    coeff = (1.0 if mask is None else mask) - delta[..., None]
+    y = (inner * coeff) @ U + delta[..., None] * (x @ W)
     if route is None:
         return y
     return jnp.where(route[..., None], y, x @ W)
-
-
-def weight_delta(
-    W: Float[Array, "d_in d_out"], V: Float[Array, "d_in C"], U: Float[Array, "C d_out"]
-) -> Float[Array, "d_in d_out"]:
-    """`W − V U` for one site."""
-    return W - V @ U

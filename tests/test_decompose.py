@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from pd.decompose import make_mask, site_out
 from pd.state import Components
@@ -86,3 +87,13 @@ def test_s3_recon_target_is_the_frozen_forward() -> None:
     np.testing.assert_allclose(
         np.asarray(clean), np.asarray(jax.nn.relu(x @ W1 @ W1.T - 0.1)), atol=1e-6
     )
+
+
+def test_shape_annotations_are_checked_at_run_time() -> None:
+    import jaxtyping
+
+    x, W, V, U = _site()
+    # V has C = 4 but the mask claims C = 3: jaxtyping's import hook (on for the whole suite)
+    # rejects the call before any math happens.
+    with pytest.raises(jaxtyping.TypeCheckError):
+        site_out(x, W, V, U, jnp.ones((6, 3)), jnp.ones((6,)))

@@ -48,7 +48,7 @@ def test_run_folder_contents(tiny_run: RunResult) -> None:
         "identity_ci_error_0.1/linear2",
         "dense_ci_error_0.1/hidden.0",
         "mmcs/linear1",
-        "ml2r/linear2",
+        "ml2r/linear1",
         "ci_l0/linear1",
         "loss/recon_all",
         "monitor/ci_masked_recon",

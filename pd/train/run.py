@@ -19,8 +19,15 @@ from pd.state import TrainState
 from pd.targets.train import load_or_train
 from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig
-from pd.train.evaluate import evaluate
-from pd.train.step import Recipe, faith_warmup, init_train_state, make_sampler, make_train_step
+from pd.train.evaluate import evaluate, make_eval_step
+from pd.train.step import (
+    Recipe,
+    batch_key,
+    faith_warmup,
+    init_train_state,
+    make_sampler,
+    make_train_step,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +69,26 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
 def _train(
     recipe: Recipe, state: TrainState, frozen: hk.Params, run_key: jax.Array, run_dir: Path
 ) -> TrainState:
-    """The loop: one `device_get` of the metrics per log interval, appended to metrics.jsonl."""
+    """The loop: one `device_get` per log interval, appended to metrics.jsonl.
+
+    The monitors (SPEC §5) are not trained, so they are computed only on logged steps, by the
+    evaluation step on that step's batch.
+    """
     cfg = recipe.train
     train_step = make_train_step(recipe)
+    eval_step = make_eval_step(recipe)
     sample = make_sampler(recipe.target, cfg.batch)
     bar = tqdm(total=cfg.steps, disable=not sys.stderr.isatty(), desc="train", unit="step")
     with (run_dir / "metrics.jsonl").open("w") as out:
         for step in range(cfg.steps):
-            state, metrics = train_step(state, frozen, sample(run_key, state.step), run_key)
+            x = sample(run_key, state.step)
+            state, metrics = train_step(state, frozen, x, run_key)
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
-                row = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                evaluated, _ = eval_step(state, frozen, x, batch_key(run_key, step))
+                monitors = {k: v for k, v in evaluated.items() if k.startswith("monitor/")}
+                row = {k: float(v) for k, v in jax.device_get({**metrics, **monitors}).items()}
                 out.write(json.dumps({"step": step, **row}) + "\n")
+                out.flush()  # readable while the run goes on
                 bar.set_postfix(loss=f"{row['loss/total']:.3g}")
             bar.update(1)
     bar.close()

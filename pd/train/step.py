@@ -15,7 +15,14 @@ from pd.adversary import Sources, ascend, init_source_adam, init_sources, scope_
 from pd.ci import CI, GroupParams, PerSiteCI
 from pd.decompose import make_mask, site_out
 from pd.init import init_ci_fn, init_vu
-from pd.losses import faithfulness, importance_terms, mse, recon_plan, uniform_k_routing
+from pd.losses import (
+    PlanKind,
+    faithfulness,
+    importance_terms,
+    mse,
+    recon_plan,
+    uniform_k_routing,
+)
 from pd.sites import SiteTable
 from pd.state import Components, TrainState
 from pd.targets.base import SiteHook, Target, frozen_site, taps
@@ -107,7 +114,7 @@ class Recipe:
     def stochastic_recon(
         self,
         key: Key[Array, ""],
-        plan: str,
+        plan: PlanKind,
         frozen: hk.Params,
         x: Batch,
         comps: Components,
@@ -117,7 +124,7 @@ class Recipe:
         """S10/S11: the mean divergence over every forward of the plan, fresh sources each."""
         table, leading = self.table, x.shape[:-1]
         losses = []
-        for j, entry in enumerate(recon_plan(plan, table)):  # type: ignore[arg-type]  # plan is a PlanKind
+        for j, entry in enumerate(recon_plan(plan, table)):
             for d in range(self.loss.n_mask_samples):
                 src_key, route_key = jax.random.split(
                     jax.random.fold_in(jax.random.fold_in(key, j), d)
@@ -207,9 +214,6 @@ class Recipe:
             value = self.adversarial_recon(sources, frozen, x, comps, ci.lower, clean)
             total = total + cfg.adversary.coeff * value
             metrics["loss/adversarial"] = value
-        lower = jax.lax.stop_gradient(ci.lower)
-        metrics["monitor/ci_masked_recon"] = self.monitor(0.0, frozen, x, comps, lower, clean)
-        metrics["monitor/unmasked_recon"] = self.monitor(1.0, frozen, x, comps, lower, clean)
         for name in self.table.names:
             g, slot = self.table.where(name)
             active = jnp.sum(ci.lower[g][slot] > 0.1, axis=-1)
@@ -220,11 +224,15 @@ class Recipe:
     def loss_fn(
         self, state: TrainState, frozen: hk.Params, x: Batch, step_key: Key[Array, ""]
     ) -> tuple[Float[Array, ""], Metrics]:
-        """The losses of `state` on a batch (evaluation; the step differentiates `losses`)."""
-        ci, clean = self.ci(state.ci_params, state.components, frozen, x)
-        return self.losses(
-            state.components, ci, state.sources, clean, frozen, x, step_key, state.step
+        """The losses of `state` on a batch plus the monitors (evaluation, logging; no gradient)."""
+        comps = state.components
+        ci, clean = self.ci(state.ci_params, comps, frozen, x)
+        total, metrics = self.losses(
+            comps, ci, state.sources, clean, frozen, x, step_key, state.step
         )
+        metrics["monitor/ci_masked_recon"] = self.monitor(0.0, frozen, x, comps, ci.lower, clean)
+        metrics["monitor/unmasked_recon"] = self.monitor(1.0, frozen, x, comps, ci.lower, clean)
+        return total, metrics
 
 
 def clip_global_norm(grads: Components, max_norm: float) -> Components:
