@@ -9,22 +9,12 @@ import statistics
 import sys
 import time
 
-import jax
-
+from pd.compile_times import recording
 from pd.init import key_tree
 from pd.targets.train import load_or_train
 from pd.train.config import load_config
 from pd.train.run import make_recipe
 from pd.train.step import init_train_state, make_sampler, make_train_step
-
-_compile_s: dict[str, float] = {}
-
-
-def _listen(event: str, duration_secs: float, **kwargs: str | int) -> None:
-    name = str(kwargs.get("fun_name", ""))
-    if "train_step" in name and event.startswith("/jax/core/compile/"):
-        stage = event.rsplit("/", 1)[-1].removesuffix("_duration")
-        _compile_s[stage] = _compile_s.get(stage, 0.0) + duration_secs
 
 
 def measure(
@@ -36,10 +26,11 @@ def measure(
     init_key, src_key, run_key = key_tree(config.seed)
     state = init_train_state(recipe, init_key, src_key)
     step, sample = make_train_step(recipe), make_sampler(recipe.target, config.train.batch)
-    _compile_s.clear()
-    state, metrics = step(state, frozen, sample(run_key, state.step), run_key)
-    metrics["loss/total"].block_until_ready()
-    compile_s = dict(_compile_s)
+    x = sample(run_key, state.step)
+    with recording() as compile_times:
+        state, metrics = step(state, frozen, x, run_key)
+        metrics["loss/total"].block_until_ready()
+    compile_s = compile_times.by_name["jit(train_step)"]
     times = []
     for _ in range(windows):
         t0 = time.perf_counter()
@@ -51,14 +42,12 @@ def measure(
 
 
 def main(presets: list[str]) -> None:
-    jax.monitoring.register_event_duration_secs_listener(_listen)
     print(f"{'preset':<12} {'ms/step':>8} {'trace s':>8} {'lower s':>8} {'compile s':>10}")
     for preset in presets:
         ms, c = measure(preset)
-        trace = c.get("jaxpr_trace", 0.0)
-        lower = c.get("jaxpr_to_mlir_module", 0.0)
-        backend = c.get("backend_compile", 0.0)
-        print(f"{preset:<12} {ms:8.2f} {trace:8.2f} {lower:8.2f} {backend:10.2f}")
+        print(
+            f"{preset:<12} {ms:8.2f} {c['trace_s']:8.2f} {c['lower_s']:8.2f} {c['compile_s']:10.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     result = run(config, out, overwrite=args.overwrite)
     print(summary_table(result.summary))
+    print(result.compile_times.table())
     print(f"run folder: {result.run_dir}")
     return 0
 

@@ -80,6 +80,14 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class CompileConfig:
+    """The persistent compilation cache: off while `cache_dir` is empty."""
+
+    cache_dir: str = ""
+    min_compile_secs: float = 1.0
+
+
+@dataclass(frozen=True)
 class RunConfig:
     name: str
     seed: int = 0
@@ -90,6 +98,7 @@ class RunConfig:
     loss: LossConfig = LossConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    compile: CompileConfig = CompileConfig()
 
 
 # Integers that may be zero; every other integer must be positive.

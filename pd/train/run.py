@@ -6,6 +6,7 @@ import logging
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import jax
 from tqdm import tqdm
 
 from pd.ci import PerSiteCI
+from pd.compile_times import CompileTimes, recording
 from pd.init import key_tree
 from pd.state import TrainState
 from pd.targets.train import load_or_train
@@ -43,6 +45,7 @@ class RunResult:
     run_dir: Path
     config: RunConfig
     summary: dict[str, float]
+    compile_times: CompileTimes
     state: TrainState
     frozen: hk.Params
     recipe: Recipe
@@ -101,34 +104,41 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
     recipe = make_recipe(config)  # validates the site specs before anything is written
     prepare_run_dir(run_dir, overwrite)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+    if config.compile.cache_dir:
+        set_option: Callable[[str, object], None] = jax.config.update  # unannotated upstream
+        set_option("jax_compilation_cache_dir", config.compile.cache_dir)
+        set_option("jax_persistent_cache_min_compile_time_secs", config.compile.min_compile_secs)
     t0 = time.perf_counter()
+    with recording() as compile_times:
+        trained = load_or_train(config.target, recipe.target)
+        log.info(
+            "target ready (attempt %d, loss %.3g, cached %s)",
+            trained.attempt,
+            trained.loss,
+            trained.from_cache,
+        )
+        frozen = trained.params
+        init_key, src_key, run_key = key_tree(config.seed)
+        state = init_train_state(recipe, init_key, src_key)
+        if config.train.faith_warmup_steps > 0:
+            state = state._replace(components=faith_warmup(recipe, state.components, frozen))
+        state = _train(recipe, state, frozen, run_key, run_dir)
+        checkpoint.save(run_dir / "decomposition.npz", (state.components, state.ci_params))
 
-    trained = load_or_train(config.target, recipe.target)
-    log.info(
-        "target ready (attempt %d, loss %.3g, cached %s)",
-        trained.attempt,
-        trained.loss,
-        trained.from_cache,
-    )
-    frozen = trained.params
-    init_key, src_key, run_key = key_tree(config.seed)
-    state = init_train_state(recipe, init_key, src_key)
-    if config.train.faith_warmup_steps > 0:
-        state = state._replace(components=faith_warmup(recipe, state.components, frozen))
-    state = _train(recipe, state, frozen, run_key, run_dir)
-    checkpoint.save(run_dir / "decomposition.npz", (state.components, state.ci_params))
-
-    eval_key = jax.random.fold_in(run_key, EVAL_FOLD)
-    summary = evaluate(recipe, state, frozen, eval_key, config.eval.n_samples, config.eval.batch)
+        eval_key = jax.random.fold_in(run_key, EVAL_FOLD)
+        summary = evaluate(
+            recipe, state, frozen, eval_key, config.eval.n_samples, config.eval.batch
+        )
     summary["target/attempt"] = float(trained.attempt)
     summary["target/loss"] = trained.loss
     summary["time/total_s"] = time.perf_counter() - t0
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    compile_times.write(run_dir / "compile.json")
     if config.eval.figures:
         from pd.train.figures import write_figures  # matplotlib is imported only when drawing
 
         write_figures(recipe, state.ci_params, state.components, frozen, run_dir)
-    return RunResult(run_dir, config, summary, state, frozen, recipe)
+    return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe)
 
 
 def summary_table(summary: dict[str, float]) -> str:
