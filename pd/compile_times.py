@@ -16,24 +16,29 @@ STAGES = {
 
 
 class CompileTimes:
-    """Seconds per `fun_name` (e.g. `jit(train_step)`) and stage, summed over recompiles."""
+    """Seconds per jitted function name (e.g. `train_step`) and stage, summed over recompiles."""
 
     def __init__(self) -> None:
         self.by_name: dict[str, dict[str, float]] = {}
 
     def add(self, name: str, stage: str, seconds: float) -> None:
+        # jax names the trace event `f` and the compile events `jit(f)`: one row per function.
+        name = name.removeprefix("jit(").removesuffix(")")
         row = self.by_name.setdefault(name, {"trace_s": 0.0, "lower_s": 0.0, "compile_s": 0.0})
         row[stage] += seconds
 
-    def table(self) -> str:
-        """A console table, slowest first."""
+    def table(self, min_total_s: float = 0.05) -> str:
+        """A console table, slowest first; functions under `min_total_s` are only counted."""
         rows = sorted(self.by_name.items(), key=lambda kv: -sum(kv[1].values()))
-        width = max([len(n) for n, _ in rows] + [8])
+        shown = [(n, r) for n, r in rows if sum(r.values()) >= min_total_s]
+        width = max([len(n) for n, _ in shown] + [8])
         lines = [f"{'jit':<{width}}  {'trace s':>8} {'lower s':>8} {'compile s':>9}"]
-        for name, r in rows:
+        for name, r in shown:
             lines.append(
                 f"{name:<{width}}  {r['trace_s']:8.2f} {r['lower_s']:8.2f} {r['compile_s']:9.2f}"
             )
+        if len(rows) > len(shown):
+            lines.append(f"({len(rows) - len(shown)} more under {min_total_s} s in compile.json)")
         return "\n".join(lines)
 
     def write(self, path: Path) -> None:

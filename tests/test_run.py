@@ -38,7 +38,7 @@ def test_run_folder_contents(tiny_run: RunResult) -> None:
         assert (d / name).is_file(), name
     compiled = json.loads((d / "compile.json").read_text())
     for jit_name in ("init_vu", "init_ci_fn", "init_sources", "train_step", "eval_step"):
-        row = compiled[f"jit({jit_name})"]
+        row = compiled[jit_name]
         assert row["compile_s"] > 0.0 and row["trace_s"] > 0.0, jit_name
     for name in ("ci_probes.png", "components.png", "losses.png"):
         assert (d / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
