@@ -144,6 +144,24 @@ class Recipe:
                 losses.append(mse(self.masked_output(frozen, x, comps, live), clean))
         return jnp.mean(jnp.stack(losses))
 
+    def all_live_recon(
+        self,
+        source_of: Callable[[str, Float[Array, "B C"]], Float[Array, "B Cp1"]],
+        frozen: hk.Params,
+        x: Batch,
+        comps: Components,
+        ci_lower: tuple[Float[Array, "_n B _C"], ...],
+        clean: Float[Array, "B n_out"],
+    ) -> Float[Array, ""]:
+        """Every site live and routed everywhere, with S1 masks from `source_of(site, ci)`."""
+        live = {}
+        for name in self.table.names:
+            g, slot = self.table.where(name)
+            ci = ci_lower[g][slot]
+            mask, delta = make_mask(ci, source_of(name, ci))
+            live[name] = LiveSite(mask, delta, None)
+        return mse(self.masked_output(frozen, x, comps, live), clean)
+
     def monitor(
         self,
         source: float,
@@ -153,13 +171,12 @@ class Recipe:
         ci_lower: tuple[Float[Array, "_n B _C"], ...],
         clean: Float[Array, "B n_out"],
     ) -> Float[Array, ""]:
-        """All sites live with a constant source and no delta: 0 is CI-masked, 1 is unmasked."""
-        live = {}
-        for name in self.table.names:
-            g, slot = self.table.where(name)
-            ci = ci_lower[g][slot]
-            live[name] = LiveSite(ci + (1.0 - ci) * source, jnp.zeros(ci.shape[:-1]), None)
-        return mse(self.masked_output(frozen, x, comps, live), clean)
+        """A constant source and no delta channel: 0 is CI-masked, 1 is unmasked (SPEC §5)."""
+
+        def constant(name: str, ci: Float[Array, "B C"]) -> Float[Array, "B Cp1"]:
+            return jnp.full((*ci.shape[:-1], ci.shape[-1] + 1), source).at[..., -1].set(0.0)
+
+        return self.all_live_recon(constant, frozen, x, comps, ci_lower, clean)
 
     def adversarial_recon(
         self,
@@ -170,18 +187,14 @@ class Recipe:
         ci_lower: tuple[Float[Array, "_n B _C"], ...],
         clean: Float[Array, "B n_out"],
     ) -> Float[Array, ""]:
-        """S12: all sites live, routed everywhere, masks from the persistent sources."""
-        live = {}
-        for name in self.table.names:
-            g, slot = self.table.where(name)
-            cg, cslot = self.table.c_where(name)
-            ci = ci_lower[g][slot]
-            src = jnp.broadcast_to(
-                sources[cg][cslot].astype(ci.dtype), (*ci.shape[:-1], ci.shape[-1] + 1)
-            )
-            mask, delta = make_mask(ci, src)
-            live[name] = LiveSite(mask, delta, None)
-        return mse(self.masked_output(frozen, x, comps, live), clean)
+        """S12: masks from the persistent sources, broadcast over their scope."""
+
+        def persistent(name: str, ci: Float[Array, "B C"]) -> Float[Array, "B Cp1"]:
+            g, slot = self.table.c_where(name)
+            shape = (*ci.shape[:-1], ci.shape[-1] + 1)
+            return jnp.broadcast_to(sources[g][slot].astype(ci.dtype), shape)
+
+        return self.all_live_recon(persistent, frozen, x, comps, ci_lower, clean)
 
     def losses(
         self,
