@@ -1,0 +1,165 @@
+"""The chunkwise-transformer CI function (SPEC §4.1): one pre-norm bidirectional transformer per
+chunk of sites, parameters stacked on a leading `n_chunks` axis and applied with `lax.scan`."""
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Key
+
+from pd.ci import GroupParams
+
+ROPE_BASE = 10000.0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """The taps a chunk reads (concatenated in order) and the sites it predicts (in slot order)."""
+
+    taps: tuple[str, ...]
+    sites: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ChunkwiseTransformer:
+    """Homogeneous chunks: equal input width and the identical per-slot C tuple (asserted)."""
+
+    chunks: tuple[Chunk, ...]
+    tap_dims: tuple[tuple[str, int], ...]  # width of every tap
+    site_C: tuple[tuple[str, int], ...]  # C of every site
+    d_model: int
+    n_blocks: int
+    n_heads: int
+    mlp_hidden: int
+
+    def __post_init__(self) -> None:
+        dims, Cs = dict(self.tap_dims), dict(self.site_C)
+        widths = {sum(dims[t] for t in c.taps) for c in self.chunks}
+        slots = {tuple(Cs[s] for s in c.sites) for c in self.chunks}
+        if len(widths) != 1:
+            raise ValueError(f"chunks have input widths {sorted(widths)}, expected one width")
+        if len(slots) != 1:
+            raise ValueError(
+                f"chunks have per-slot C tuples {sorted(slots)}, expected one tuple in one order"
+            )
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(
+                f"d_model {self.d_model} must split into {self.n_heads} heads of even width"
+            )
+        for name, value in (
+            ("d_model", self.d_model),
+            ("n_blocks", self.n_blocks),
+            ("n_heads", self.n_heads),
+            ("mlp_hidden", self.mlp_hidden),
+        ):
+            if value <= 0:
+                raise ValueError(f"chunkwise transformer {name} is {value}, expected > 0")
+
+    @property
+    def input_dim(self) -> int:
+        dims = dict(self.tap_dims)
+        return sum(dims[t] for t in self.chunks[0].taps)
+
+    @property
+    def slot_C(self) -> tuple[int, ...]:
+        Cs = dict(self.site_C)
+        return tuple(Cs[s] for s in self.chunks[0].sites)
+
+    def net(self) -> hk.Transformed:
+        """One chunk: `[B, T, input_dim]` → per-slot logits `[B, T, C_j]`."""
+        d, heads, slot_C = self.d_model, self.n_heads, self.slot_C
+        head_dim = d // heads
+        # S27: a constant shared by every chunk, never a parameter.
+        inv_freq = 1.0 / ROPE_BASE ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+
+        def linear(name: str, h: Array, n_out: int, std: float, bias: bool) -> Array:
+            w = hk.get_parameter(name, (h.shape[-1], n_out), init=hk.initializers.RandomNormal(std))
+            out = h @ w
+            if bias:
+                out = out + hk.get_parameter(f"{name}_b", (n_out,), init=jnp.zeros)
+            return out
+
+        def forward(h: Float[Array, "B T input_dim"]) -> tuple[Float[Array, "B T _C"], ...]:
+            h = linear("w_in", h, d, math.sqrt(2.0 / h.shape[-1]), bias=True)
+            T = h.shape[-2]
+            angles = np.arange(T, dtype=np.float32)[:, None] * inv_freq[None, :]
+            cos, sin = jnp.asarray(np.cos(angles)), jnp.asarray(np.sin(angles))
+            qkv_init = hk.initializers.RandomUniform(-1 / math.sqrt(d), 1 / math.sqrt(d))
+            for i in range(self.n_blocks):
+                with hk.name_scope(f"block_{i}"):
+                    x = rms_norm(h)
+                    q, k, v = (
+                        (x @ hk.get_parameter(n, (d, d), init=qkv_init)).reshape(
+                            *x.shape[:-1], heads, head_dim
+                        )
+                        for n in ("q", "k", "v")
+                    )
+                    q, k = rope(q, cos, sin), rope(k, cos, sin)
+                    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+                    attn = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+                    h = h + attn.reshape(x.shape) @ hk.get_parameter("o", (d, d), init=qkv_init)
+                    x = rms_norm(h)
+                    x = jax.nn.gelu(
+                        linear("mlp_in", x, self.mlp_hidden, math.sqrt(2.0 / d), True),
+                        approximate=False,
+                    )
+                    h = h + linear("mlp_out", x, d, math.sqrt(1.0 / self.mlp_hidden), True)
+            # One glued [d_model, ΣC] draw, sliced per slot.
+            logits = linear("w_out", h, sum(slot_C), math.sqrt(1.0 / d), bias=True)
+            bounds = np.cumsum((0, *slot_C))
+            return tuple(logits[..., a:b] for a, b in itertools.pairwise(bounds))
+
+        net: hk.Transformed = hk.without_apply_rng(hk.transform(forward))
+        return net
+
+    def init(self, ci_key: Key[Array, ""]) -> GroupParams:
+        """Chunk i's parameters from `fold_in(ci_key, i)`, vmapped: one RNG body (I2)."""
+        keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+            ci_key, jnp.arange(len(self.chunks), dtype=jnp.uint32)
+        )
+        x = jnp.zeros((1, 1, self.input_dim), jnp.float32)
+        return (jax.vmap(self.net().init, in_axes=(0, None))(keys, x),)
+
+    def apply(
+        self, params: GroupParams, taps: dict[str, Float[Array, "B T _d"]]
+    ) -> dict[str, Float[Array, "B T _C"]]:
+        """`{site: logits [B, T, C]}`: chunks run under `lax.scan` over the stacked parameters."""
+        inputs = jnp.stack(
+            [jnp.concatenate([rms_norm(taps[t]) for t in c.taps], axis=-1) for c in self.chunks]
+        )
+        net = self.net()
+
+        # Checkpointed: the backward recomputes a chunk instead of keeping every chunk's
+        # activations (and, sharded, its gathered weights) as residuals.
+        @jax.checkpoint
+        def body(carry: None, xs: tuple[hk.Params, Array]) -> tuple[None, tuple[Array, ...]]:
+            chunk_params, h = xs
+            return None, net.apply(chunk_params, h)
+
+        _, per_slot = jax.lax.scan(body, None, (params[0], inputs))
+        return {
+            site: per_slot[j][i]
+            for i, c in enumerate(self.chunks)
+            for j, site in enumerate(c.sites)
+        }
+
+
+def rms_norm(x: Float[Array, "*L d"]) -> Float[Array, "*L d"]:
+    """Weightless RMSNorm in fp32 with eps = float32 machine epsilon."""
+    x32 = x.astype(jnp.float32)
+    eps = float(np.finfo(np.float32).eps)
+    return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
+def rope(
+    x: Float[Array, "B T H D"], cos: Float[Array, "T half"], sin: Float[Array, "T half"]
+) -> Float[Array, "B T H D"]:
+    """Rotate-half RoPE."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
