@@ -4,7 +4,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 MeshAxes = str | tuple[str, ...] | None
 
@@ -39,7 +39,7 @@ def partition_spec(
     what: str,
     shape: Sequence[int],
     logical: Sequence[str | None],
-    mesh: Mesh,
+    mesh: Mesh | AbstractMesh,
     rules: Mapping[str, MeshAxes] = DEFAULT_RULES,
 ) -> PartitionSpec:
     """The PartitionSpec of an array from its logical axes; names the array when one doesn't fit."""
