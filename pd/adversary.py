@@ -38,9 +38,9 @@ def init_sources(
     out = []
     for g, grp in enumerate(table.c_groups):
         idx = jnp.asarray(table.c_group_indices(g))
-        shape = (*scope, grp.C + 1)
-        draw = jax.vmap(partial(jax.random.uniform, shape=shape, dtype=jnp.float32))
-        out.append(draw(keys[idx]).astype(dtype))
+        draw = partial(jax.random.uniform, shape=(*scope, grp.C + 1), dtype=jnp.float32)
+        # lax.map: one RNG body per C group, no single draw spanning several sites (see init_vu).
+        out.append(jax.lax.map(draw, keys[idx]).astype(dtype))
     return tuple(out)
 
 

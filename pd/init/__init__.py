@@ -14,16 +14,18 @@ from pd.state import Components
 def init_vu(init_key: Key[Array, ""], table: SiteTable) -> Components:
     """V ~ N(0,1)/sqrt(d_in), U ~ N(0,1)/sqrt(C); site i draws V from keys[2i], U from keys[2i+1].
 
-    One vmapped draw per shape group (I2), with `keys = split(init_key, 2 · n_sites)`.
+    One RNG body per shape group (I2), with `keys = split(init_key, 2 · n_sites)`: a `lax.map`
+    over the group's keys, so no single draw spans more than one site (a vmapped draw over a
+    whole Llama-8B group exceeds 2³¹ elements, and its compile time then grows with the group).
     """
     keys = jax.random.split(init_key, 2 * len(table.sites))
     V, U = [], []
     for g, grp in enumerate(table.groups):
         idx = jnp.asarray(table.group_indices(g))
-        draw_v = jax.vmap(partial(jax.random.normal, shape=(grp.d_in, grp.C)))
-        draw_u = jax.vmap(partial(jax.random.normal, shape=(grp.C, grp.d_out)))
-        V.append(draw_v(keys[2 * idx]) / jnp.sqrt(jnp.float32(grp.d_in)))
-        U.append(draw_u(keys[2 * idx + 1]) / jnp.sqrt(jnp.float32(grp.C)))
+        draw_v = partial(jax.random.normal, shape=(grp.d_in, grp.C))
+        draw_u = partial(jax.random.normal, shape=(grp.C, grp.d_out))
+        V.append(jax.lax.map(draw_v, keys[2 * idx]) / jnp.sqrt(jnp.float32(grp.d_in)))
+        U.append(jax.lax.map(draw_u, keys[2 * idx + 1]) / jnp.sqrt(jnp.float32(grp.C)))
     return Components(tuple(V), tuple(U))
 
 
