@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from pd.adversary import init_sources
 from pd.ci.chunkwise import Chunk, ChunkwiseTransformer
 from pd.init import init_vu
-from pd.shard import make_mesh, named_sharding
+from pd.shard import make_mesh, named_sharding, source_shardings, vu_shardings
 from pd.sites import SiteSpec, SiteTable
 
 D, MLP, KV = 4096, 14336, 1024  # d_model, MLP width, 8 KV heads × 128
@@ -81,18 +81,6 @@ def compile_seconds(
     return t1 - t0, t2 - t1, time.perf_counter() - t2
 
 
-def vu_shardings(t: SiteTable, mesh: Mesh) -> object:
-    """V masters sharded on d_in, U on d_out, over every device (SPEC §11); C never sharded."""
-    shapes = jax.eval_shape(lambda: init_vu(jax.random.key(0), t))
-
-    def place(path: tuple[object, ...], leaf: jax.ShapeDtypeStruct) -> NamedSharding:
-        is_v = jax.tree_util.keystr(path).startswith(".V")
-        logical = (None, "d_in", None) if is_v else (None, None, "d_out")
-        return named_sharding("V" if is_v else "U", leaf.shape, logical, mesh)
-
-    return jax.tree_util.tree_map_with_path(place, shapes)
-
-
 def measure(n_layers: int, mesh: Mesh, reference: bool) -> dict[str, tuple[float, ...]]:
     t = table(n_layers)
     ci = ci_fn(t, n_layers)
@@ -102,12 +90,7 @@ def measure(n_layers: int, mesh: Mesh, reference: bool) -> dict[str, tuple[float
     replicated = named_sharding("CI weights", (), (), mesh)
     ci_shard = jax.tree.map(lambda _: replicated, ci_shape)
     out["init_ci_fn"] = compile_seconds(lambda k: ci.init(jax.random.fold_in(k, 1)), ci_shard)
-    src_shard = tuple(
-        named_sharding(
-            "sources", (len(g.names), SEQS, T, g.C + 1), (None, "batch", None, None), mesh
-        )
-        for g in t.c_groups
-    )
+    src_shard = source_shardings(t, (SEQS, T), per_example=True, mesh=mesh)
     out["init_sources"] = compile_seconds(lambda k: init_sources(k, 0, t, (SEQS, T)), src_shard)
     if reference:
         out["init_vu (per-site ref)"] = compile_seconds(

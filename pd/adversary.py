@@ -5,6 +5,7 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, Key
 
 from pd.sites import SiteTable
@@ -31,7 +32,7 @@ def init_sources(
     term: int,
     table: SiteTable,
     scope: tuple[int, ...],
-    dtype: jnp.dtype = jnp.float32,
+    dtype: DTypeLike = jnp.float32,
 ) -> Sources:
     """`U[0, 1)` in fp32, cast to `dtype`; site i draws from `split(fold_in(src_key, t), n)[i]`."""
     keys = jax.random.split(jax.random.fold_in(src_key, term), len(table.sites))

@@ -21,3 +21,11 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, max_examples=25)
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# Four simulated CPU devices for the sharding tests; unsharded computations stay on device 0.
+from collections.abc import Callable  # noqa: E402
+
+import jax  # noqa: E402
+
+set_option: Callable[[str, object], None] = jax.config.update  # unannotated upstream
+set_option("jax_num_cpu_devices", 4)

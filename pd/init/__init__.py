@@ -4,11 +4,16 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Key
+from jaxtyping import Array, Float, Key
 
 from pd.ci import GroupParams, PerSiteCI
 from pd.sites import SiteTable
 from pd.state import Components
+
+
+def scaled_normal(key: Key[Array, ""], shape: tuple[int, int]) -> Float[Array, "a b"]:
+    """One site's draw: `N(0, 1)[shape] / sqrt(shape[0])` (V: / sqrt(d_in), U: / sqrt(C))."""
+    return jax.random.normal(key, shape) / jnp.sqrt(jnp.float32(shape[0]))
 
 
 def init_vu(init_key: Key[Array, ""], table: SiteTable) -> Components:
@@ -22,10 +27,8 @@ def init_vu(init_key: Key[Array, ""], table: SiteTable) -> Components:
     V, U = [], []
     for g, grp in enumerate(table.groups):
         idx = jnp.asarray(table.group_indices(g))
-        draw_v = partial(jax.random.normal, shape=(grp.d_in, grp.C))
-        draw_u = partial(jax.random.normal, shape=(grp.C, grp.d_out))
-        V.append(jax.lax.map(draw_v, keys[2 * idx]) / jnp.sqrt(jnp.float32(grp.d_in)))
-        U.append(jax.lax.map(draw_u, keys[2 * idx + 1]) / jnp.sqrt(jnp.float32(grp.C)))
+        V.append(jax.lax.map(partial(scaled_normal, shape=(grp.d_in, grp.C)), keys[2 * idx]))
+        U.append(jax.lax.map(partial(scaled_normal, shape=(grp.C, grp.d_out)), keys[2 * idx + 1]))
     return Components(tuple(V), tuple(U))
 
 

@@ -6,6 +6,9 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
+from pd.sites import SiteTable
+from pd.state import Components
+
 MeshAxes = str | tuple[str, ...] | None
 
 # SPEC §11 defaults: the batch over data; V/U masters ZeRO-style over every device (C never
@@ -68,3 +71,33 @@ def named_sharding(
     rules: Mapping[str, MeshAxes] = DEFAULT_RULES,
 ) -> NamedSharding:
     return NamedSharding(mesh, partition_spec(what, shape, logical, mesh, rules))
+
+
+def vu_shardings(
+    table: SiteTable, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES
+) -> Components:
+    """Placement of the stacked V/U masters: V on `d_in`, U on `d_out`, C never sharded."""
+    V = tuple(
+        named_sharding(
+            f"V of {g.names}", (len(g.names), g.d_in, g.C), (None, "d_in", None), mesh, rules
+        )
+        for g in table.groups
+    )
+    U = tuple(
+        named_sharding(
+            f"U of {g.names}", (len(g.names), g.C, g.d_out), (None, None, "d_out"), mesh, rules
+        )
+        for g in table.groups
+    )
+    return Components(V, U)  # type: ignore[arg-type]  # a tree of shardings in the Components layout
+
+
+def source_shardings(
+    table: SiteTable, scope: tuple[int, ...], per_example: bool, mesh: Mesh
+) -> tuple[NamedSharding, ...]:
+    """Sources per C group: shared scopes replicated, per-example scopes with the batch."""
+    logical = (None, "batch" if per_example else None, *(None,) * len(scope))
+    return tuple(
+        named_sharding(f"sources of {g.names}", (len(g.names), *scope, g.C + 1), logical, mesh)
+        for g in table.c_groups
+    )
