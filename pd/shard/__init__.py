@@ -4,6 +4,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
+import numpy as np
+from jax import Array
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from pd.sites import SiteTable
@@ -22,6 +24,9 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
 
 
 _spec: Callable[..., PartitionSpec] = PartitionSpec  # its constructor is unannotated upstream
+_from_local: Callable[[NamedSharding, np.ndarray, tuple[int, ...]], Array] = (
+    jax.make_array_from_process_local_data  # unannotated upstream
+)
 
 
 class ShardingError(ValueError):
@@ -100,4 +105,28 @@ def source_shardings(
     return tuple(
         named_sharding(f"sources of {g.names}", (len(g.names), *scope, g.C + 1), logical, mesh)
         for g in table.c_groups
+    )
+
+
+def global_batch(x: Array, mesh: Mesh) -> Array:
+    """Shard a batch whose rows every process can compute (a pure function of seed and step) over
+    the mesh's `data` axis: each process contributes its own rows only, with
+    `jax.make_array_from_process_local_data`, which is right for one process with many devices
+    and for many processes alike."""
+    sharding = named_sharding("batch", x.shape, ("batch", *(None,) * (x.ndim - 1)), mesh)
+    n, p = x.shape[0], jax.process_index()
+    rows = n // jax.process_count()
+    local = np.asarray(x[p * rows : (p + 1) * rows])
+    return _from_local(sharding, local, x.shape)
+
+
+def initialize_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
+    """Multi-process JAX from explicit settings only (never inferred from the environment)."""
+    if not 0 <= process_id < num_processes:
+        raise ShardingError(
+            f"process_id {process_id} is outside {num_processes} processes, "
+            f"expected 0 to {num_processes - 1}"
+        )
+    jax.distributed.initialize(
+        coordinator_address=coordinator, num_processes=num_processes, process_id=process_id
     )

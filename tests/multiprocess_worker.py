@@ -1,0 +1,62 @@
+"""One worker of the multi-process test: sharded init and one train step of a tiny ResidMLP.
+
+python tests/multiprocess_worker.py OUT.npz PROCESS_ID NUM_PROCESSES PORT DEVICES_PER_PROCESS
+"""
+
+import sys
+from collections.abc import Callable
+
+import jax
+
+set_option: Callable[[str, object], None] = jax.config.update  # unannotated upstream
+
+
+def main(out: str, process_id: int, num_processes: int, port: int, local_devices: int) -> None:
+    set_option("jax_num_cpu_devices", local_devices)
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import AxisType, Mesh
+
+    from pd.init import init_vu, key_tree
+    from pd.shard import global_batch, initialize_distributed, vu_shardings
+    from pd.train.config import load_config
+    from pd.train.run import make_recipe
+    from pd.train.step import init_train_state, make_sampler, make_train_step
+
+    if num_processes > 1:
+        initialize_distributed(f"127.0.0.1:{port}", num_processes, process_id)
+    devices = np.asarray(jax.devices()).reshape(-1, 1)
+    mesh = Mesh(devices, ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
+    overrides = [
+        "C=4",
+        "train.batch=16",
+        "target.n_features=8",
+        "target.d_embed=8",
+        "target.d_mlp=4",
+    ]
+    recipe = make_recipe(load_config("resid_mlp1", overrides))
+    init_key, src_key, run_key = key_tree(0)
+    frozen = recipe.target.expand(recipe.target.init_train(jax.random.key(1)))
+    comps = jax.jit(init_vu, static_argnums=1, out_shardings=vu_shardings(recipe.table, mesh))(
+        init_key, recipe.table
+    )
+    state = init_train_state(recipe, init_key, src_key)._replace(components=comps)
+    opt = recipe.component_optimizer()
+    state = state._replace(opt_components=jax.jit(opt.init)(comps))
+    allgather: Callable[..., object] = multihost_utils.process_allgather
+
+    def gather(x: object) -> object:
+        return allgather(x, tiled=True)  # the global array, on every host
+
+    arrays = {"init_V0": gather(comps.V[0])}  # before the step, which donates its state
+    x = global_batch(make_sampler(recipe.target, 16)(run_key, state.step), mesh)
+    state, metrics = make_train_step(recipe)(state, frozen, x, run_key)
+    arrays["V0"] = gather(state.components.V[0])
+    arrays["U1"] = gather(state.components.U[1])
+    arrays["loss"] = gather(metrics["loss/total"])
+    if process_id == 0:
+        np.savez(out, allow_pickle=False, **{k: np.asarray(v) for k, v in arrays.items()})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], *(int(a) for a in sys.argv[2:]))
