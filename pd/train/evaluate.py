@@ -67,8 +67,7 @@ def make_eval_step(recipe: Recipe) -> EvalFn:
     def eval_step(
         state: TrainState, frozen: hk.Params, x: Batch, key: Key[Array, ""]
     ) -> tuple[Metrics, tuple[Float[Array, "_n _C"], ...]]:
-        _, metrics = recipe.loss_fn(state, frozen, x, key)
-        ci, _ = recipe.ci(state.ci_params, state.components, frozen, x)
+        metrics, ci = recipe.evaluate_batch(state, frozen, x, key)  # CI computed once
         return metrics, tuple(jnp.max(lower, axis=1) for lower in ci.lower)
 
     fn: EvalFn = jax.jit(eval_step)

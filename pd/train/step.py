@@ -234,18 +234,16 @@ class Recipe:
         metrics["loss/total"] = total
         return total, metrics
 
-    def loss_fn(
+    def evaluate_batch(
         self, state: TrainState, frozen: hk.Params, x: Batch, step_key: Key[Array, ""]
-    ) -> tuple[Float[Array, ""], Metrics]:
-        """The losses of `state` on a batch plus the monitors (evaluation, logging; no gradient)."""
+    ) -> tuple[Metrics, CI]:
+        """The losses and monitors of `state` on a batch, and the CI they used (no gradient)."""
         comps = state.components
         ci, clean = self.ci(state.ci_params, comps, frozen, x)
-        total, metrics = self.losses(
-            comps, ci, state.sources, clean, frozen, x, step_key, state.step
-        )
+        _, metrics = self.losses(comps, ci, state.sources, clean, frozen, x, step_key, state.step)
         metrics["monitor/ci_masked_recon"] = self.monitor(0.0, frozen, x, comps, ci.lower, clean)
         metrics["monitor/unmasked_recon"] = self.monitor(1.0, frozen, x, comps, ci.lower, clean)
-        return total, metrics
+        return metrics, ci
 
 
 def clip_global_norm(grads: Components, max_norm: float) -> Components:
