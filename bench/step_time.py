@@ -11,10 +11,12 @@ import time
 
 from pd.compile_times import recording
 from pd.init import key_tree
-from pd.targets.train import load_or_train
+from pd.targets.base import as_toy
+from pd.targets.lm import load_frozen
 from pd.train.config import load_config
+from pd.train.init_state import init_train_state
 from pd.train.run import make_recipe
-from pd.train.step import init_train_state, make_sampler, make_train_step
+from pd.train.step import make_sampler, make_train_step
 
 
 def measure(
@@ -22,10 +24,10 @@ def measure(
 ) -> tuple[float, dict[str, float]]:
     config = load_config(preset)
     recipe = make_recipe(config)
-    frozen = load_or_train(config.target, recipe.target).params
+    frozen = load_frozen(config.target, recipe.target).params
     init_key, src_key, run_key = key_tree(config.seed)
     state = init_train_state(recipe, init_key, src_key)
-    step, sample = make_train_step(recipe), make_sampler(recipe.target, config.train.batch)
+    step, sample = make_train_step(recipe), make_sampler(as_toy(recipe.target), config.train.batch)
     x = sample(run_key, state.step)
     with recording() as compile_times:
         state, metrics = step(state, frozen, x, run_key)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 import pd
+from pd.targets.base import as_toy
 
 
 def active_subcomponents(
@@ -24,7 +25,7 @@ def active_subcomponents(
 
 def main(run_dir: str) -> None:
     decomposition = pd.load(run_dir)
-    n = decomposition.recipe.target.n_features
+    n = as_toy(decomposition.recipe.target).n_features
     probe = 0.75 * jnp.eye(n)
     print("active subcomponents on the one-hot probes:", active_subcomponents(decomposition, probe))
     # Keep only the subcomponents CI says are needed: the output should match the target.

@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Int, Key
 
 from pd.sites import SiteTable
 
-Scope = Literal["c", "bc"]
+Scope = Literal["c", "bc", "sc", "bsc"]
 Sources = tuple[Float[Array, "_n ... _Cp1"], ...]
 
 
@@ -22,9 +22,12 @@ class SourceAdam(NamedTuple):
     n_updates: Int[Array, ""]
 
 
-def scope_shape(scope: Scope, batch: int) -> tuple[int, ...]:
-    """Toys: `c` is one source per site shared over the batch, `bc` one per example."""
-    return (1,) if scope == "c" else (batch,)
+def scope_shape(scope: Scope, batch: int, seq_len: int = 0) -> tuple[int, ...]:
+    """The source's leading shape: `c` / `sc` shared over the batch (toys / sequences), `bc` /
+    `bsc` one per example; the sequence scopes also span the `seq_len` positions."""
+    shared = scope in ("c", "sc")
+    lead = (1,) if shared else (batch,)
+    return lead if scope in ("c", "bc") else (*lead, seq_len)
 
 
 def init_sources(

@@ -13,8 +13,8 @@ from jaxtyping import Array, Float
 from pd.ci import GroupParams
 from pd.init import init_vu
 from pd.state import Components
-from pd.targets.base import frozen_site
-from pd.targets.train import load_or_train
+from pd.targets.base import Batch, Output, frozen_site
+from pd.targets.lm import load_frozen
 from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig, from_dict
 from pd.train.run import make_recipe
@@ -44,21 +44,22 @@ class Decomposition:
     def U(self) -> dict[str, Float[Array, "C d_out"]]:
         return self.recipe.table.views(self.components.U)
 
-    def ci(self, x: Float[Array, "B n_features"]) -> dict[str, Float[Array, "B C"]]:
-        """`{site: ci_lower [B, C]}`: the causal importance of every subcomponent on `x`."""
+    def ci(self, x: Batch) -> dict[str, Float[Array, "B *T C"]]:
+        """`{site: ci_lower [*L, C]}`: the causal importance of every subcomponent on `x`
+        (`[B, n_features]` inputs of a toy, `[B, T]` tokens of a language model)."""
         ci, _ = self.recipe.ci(self.ci_params, self.components, self.frozen, x)
         return self.recipe.table.views(ci.lower)
 
-    def clean(self, x: Float[Array, "B n_features"]) -> Float[Array, "B n_out"]:
+    def clean(self, x: Batch) -> Output:
         """The frozen target's output."""
         return self.recipe.target.forward(self.frozen, x, frozen_site)
 
     def masked_forward(
         self,
-        x: Float[Array, "B n_features"],
-        masks: Mapping[str, Float[Array, "B C"]],
+        x: Batch,
+        masks: Mapping[str, Float[Array, "B *T C"]],
         delta: float = 0.0,
-    ) -> Float[Array, "B n_out"]:
+    ) -> Output:
         """The output with each site in `masks` live under its mask (others frozen, S2).
 
         `delta` scales the delta channel `x @ (W − V U)`: 0 drops it, 1 keeps it.
@@ -86,7 +87,7 @@ def load(run_dir: str | Path) -> Decomposition:
     except json.JSONDecodeError as err:
         raise ConfigError(f"config file '{config_path}' is not valid JSON ({err})") from None
     recipe = make_recipe(config)
-    frozen = load_or_train(config.target, recipe.target).params
+    frozen = load_frozen(config.target, recipe.target).params
     like = jax.eval_shape(
         lambda: (init_vu(jax.random.key(0), recipe.table), recipe.ci_fn.init(jax.random.key(0)))
     )

@@ -19,9 +19,11 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
 
     from pd.init import init_vu, key_tree
     from pd.shard import global_batch, initialize_distributed, vu_shardings
+    from pd.targets.base import as_toy
     from pd.train.config import load_config
+    from pd.train.init_state import init_train_state
     from pd.train.run import make_recipe
-    from pd.train.step import init_train_state, make_sampler, make_train_step
+    from pd.train.step import make_sampler, make_train_step
 
     if num_processes > 1:
         initialize_distributed(f"127.0.0.1:{port}", num_processes, process_id)
@@ -36,7 +38,8 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
     ]
     recipe = make_recipe(load_config("resid_mlp1", overrides))
     init_key, src_key, run_key = key_tree(0)
-    frozen = recipe.target.expand(recipe.target.init_train(jax.random.key(1)))
+    toy = as_toy(recipe.target)
+    frozen = toy.expand(toy.init_train(jax.random.key(1)))
     comps = jax.jit(init_vu, static_argnums=1, out_shardings=vu_shardings(recipe.table, mesh))(
         init_key, recipe.table
     )
@@ -49,7 +52,7 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
         return allgather(x, tiled=True)  # the global array, on every host
 
     arrays = {"init_V0": gather(comps.V[0])}  # before the step, which donates its state
-    x = global_batch(make_sampler(recipe.target, 16)(run_key, state.step), mesh)
+    x = global_batch(make_sampler(as_toy(recipe.target), 16)(run_key, state.step), mesh)
     state, metrics = make_train_step(recipe)(state, frozen, x, run_key)
     arrays["V0"] = gather(state.components.V[0])
     arrays["U1"] = gather(state.components.U[1])

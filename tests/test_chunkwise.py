@@ -1,14 +1,27 @@
-"""§4.1: the chunkwise-transformer CI function — homogeneity, S27, I1 and scan = per-chunk."""
+"""§4.1: the chunkwise-transformer CI function — homogeneity, S27, I1 (also as a property over
+chunk counts, sizes and sharded placements, §10/§11) and scan = per-chunk."""
 
+from collections.abc import Callable
+from functools import cache, partial
+
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from jax.sharding import NamedSharding
 
+from pd.ci import GroupParams
 from pd.ci.chunkwise import Chunk, ChunkwiseTransformer
+from pd.shard import ShardingError, make_mesh
+from pd.shard.ci import chunk_param_shardings
 
 
-def _ci(n_chunks: int = 3) -> ChunkwiseTransformer:
+def _ci(
+    n_chunks: int = 3, d_model: int = 16, n_blocks: int = 2, n_heads: int = 2, mlp_hidden: int = 32
+) -> ChunkwiseTransformer:
     chunks = tuple(
         Chunk(taps=(f"resid.{i}",), sites=(f"layers.{i}.q", f"layers.{i}.up"))
         for i in range(n_chunks)
@@ -21,11 +34,45 @@ def _ci(n_chunks: int = 3) -> ChunkwiseTransformer:
             for i in range(n_chunks)
             for s, C in ((f"layers.{i}.q", 5), (f"layers.{i}.up", 7))
         ),
-        d_model=16,
-        n_blocks=2,
-        n_heads=2,
-        mlp_hidden=32,
+        d_model=d_model,
+        n_blocks=n_blocks,
+        n_heads=n_heads,
+        mlp_hidden=mlp_hidden,
     )
+
+
+# I1's two sides, jitted with the transformer static and the key traced: the vmapped init, and
+# one chunk's init, which the unrolled reference calls in a Python loop over chunks. The chunk's
+# program depends on its shape only (`_ci(1, …)`), so it compiles once per size for every chunk
+# count.
+@partial(jax.jit, static_argnums=0)
+def _batched_init(ct: ChunkwiseTransformer, key: jax.Array) -> GroupParams:
+    return ct.init(key)
+
+
+@partial(jax.jit, static_argnums=0)
+def _chunk_init(one_chunk: ChunkwiseTransformer, key: jax.Array) -> hk.Params:
+    return one_chunk.net().init(key, jnp.zeros((1, 1, one_chunk.input_dim), jnp.float32))
+
+
+def _unrolled_init(ct: ChunkwiseTransformer, key: jax.Array) -> GroupParams:
+    """Chunk i from `fold_in(key, i)`, one call per chunk, then stacked."""
+    one = _ci(1, ct.d_model, ct.n_blocks, ct.n_heads, ct.mlp_hidden)
+    per_chunk = [_chunk_init(one, jax.random.fold_in(key, i)) for i in range(len(ct.chunks))]
+    stacked: GroupParams = (jax.tree.map(lambda *xs: np.stack(xs), *per_chunk),)
+    return stacked
+
+
+@cache
+def _sharded_init(
+    ct: ChunkwiseTransformer, model: int
+) -> Callable[[ChunkwiseTransformer, jax.Array], GroupParams]:
+    """The vmapped init placed by `out_shardings` on a (data, model) mesh of the 4 devices."""
+    shardings = chunk_param_shardings(ct, make_mesh({"data": 4 // model, "model": model}))
+    init: Callable[[ChunkwiseTransformer, jax.Array], GroupParams] = jax.jit(
+        ChunkwiseTransformer.init, static_argnums=0, out_shardings=shardings
+    )
+    return init
 
 
 def test_chunks_must_be_homogeneous() -> None:
@@ -39,7 +86,7 @@ def test_chunks_must_be_homogeneous() -> None:
 
 
 def test_s27_rope_frequencies_are_not_parameters_and_init_scales() -> None:
-    params = _ci().init(jax.random.key(0))[0]
+    params = _batched_init(_ci(), jax.random.key(0))[0]
     names = {f"{m}/{n}" for m, p in params.items() for n in p}
     assert not any("freq" in n or "rope" in n for n in names)
     leaves = {f"{m}/{n}": v for m, p in params.items() for n, v in p.items()}
@@ -52,18 +99,16 @@ def test_s27_rope_frequencies_are_not_parameters_and_init_scales() -> None:
 def test_i1_vmapped_init_equals_unrolled_chunks() -> None:
     ci = _ci()
     key = jax.random.key(7)
-    batched = jax.jit(ci.init)(key)[0]
-    net = ci.net()
-    x = jnp.zeros((1, 1, ci.input_dim))
+    batched = _batched_init(ci, key)[0]
     for i in range(len(ci.chunks)):
-        ref = jax.jit(net.init)(jax.random.fold_in(key, i), x)
+        ref = _chunk_init(_ci(1), jax.random.fold_in(key, i))
         for a, b in zip(jax.tree.leaves(batched), jax.tree.leaves(ref), strict=True):
             np.testing.assert_array_equal(np.asarray(a[i]), np.asarray(b))
 
 
 def test_scan_over_chunks_equals_each_chunk_alone() -> None:
     ci = _ci()
-    params = ci.init(jax.random.key(1))
+    params = _batched_init(ci, jax.random.key(1))
     taps = {f"resid.{i}": jax.random.normal(jax.random.key(10 + i), (2, 6, 8)) for i in range(3)}
     out = jax.jit(ci.apply)(params, taps)
     assert {k: v.shape for k, v in out.items()}["layers.2.up"] == (2, 6, 7)
@@ -75,3 +120,61 @@ def test_scan_over_chunks_equals_each_chunk_alone() -> None:
         ref = net.apply(chunk_params, h)
         for j, site in enumerate(chunk.sites):
             np.testing.assert_allclose(np.asarray(out[site]), np.asarray(ref[j]), atol=1e-5)
+
+
+# The PartitionSpec of every parameter (after the unsharded chunks axis) on a `model` axis.
+EXPECTED_SPECS = {
+    "w_in": (None, "model"),
+    "q": (None, "model"),
+    "k": (None, "model"),
+    "v": (None, "model"),
+    "o": ("model", None),
+    "mlp_in": (None, "model"),
+    "mlp_out": ("model", None),
+    "w_out": ("model", None),
+}
+
+
+# Nearly every example compiles a new init: few examples keep the file under a minute; the
+# explicit ones make sure both sharded meshes and the largest chunk count always run.
+@settings(max_examples=6)
+@example(seed=2**32 - 1, n_chunks=5, size=(16, 1, 2, 32), model=4)
+@example(seed=0, n_chunks=2, size=(8, 1, 1, 16), model=2)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n_chunks=st.sampled_from([1, 2, 3, 5]),
+    size=st.sampled_from([(8, 1, 1, 16), (16, 1, 2, 32)]),  # d_model, n_blocks, heads, mlp
+    model=st.sampled_from([0, 2, 4]),  # 0: unsharded jit on one device
+)
+def test_i1_chunk_init_over_chunk_counts_sharded_equals_unrolled(
+    seed: int, n_chunks: int, size: tuple[int, int, int, int], model: int
+) -> None:
+    ct = _ci(n_chunks, *size)
+    key = jax.random.key(seed)
+    params = _sharded_init(ct, model)(ct, key) if model else _batched_init(ct, key)
+    ref = _unrolled_init(ct, key)
+    assert len(params) == len(ref) == 1
+    assert {m: set(p) for m, p in params[0].items()} == {m: set(p) for m, p in ref[0].items()}
+    for m, module in params[0].items():
+        for n, leaf in module.items():
+            assert leaf.shape[0] == n_chunks
+            np.testing.assert_array_equal(np.asarray(leaf), np.asarray(ref[0][m][n]), f"{m}/{n}")
+            if model:
+                spec = (None, *EXPECTED_SPECS.get(n, (None,)))  # biases: replicated
+                assert isinstance(leaf.sharding, NamedSharding)
+                assert tuple(leaf.sharding.spec) == spec, f"{m}/{n}"
+                # Really split: every device holds all chunks and 1/model of the wide axis.
+                local = tuple(d // model if e else d for d, e in zip(leaf.shape, spec, strict=True))
+                assert all(sh.data.shape == local for sh in leaf.addressable_shards), f"{m}/{n}"
+
+
+def test_chunk_param_shardings_fail_loudly() -> None:
+    mesh = make_mesh({"data": 1, "model": 4})
+    with pytest.raises(
+        ShardingError, match=r"parameter \S+: axis 'wide' of size 6 does not divide"
+    ):
+        chunk_param_shardings(_ci(2, d_model=6, n_heads=1, mlp_hidden=8), mesh)
+    with pytest.raises(
+        ShardingError, match=r"parameter block_0/mlp_(in|out): axis 'wide' of size 10"
+    ):
+        chunk_param_shardings(_ci(2, d_model=8, n_heads=1, mlp_hidden=10), mesh)

@@ -7,7 +7,14 @@ from pd.train.run import make_recipe
 
 
 def test_the_shipped_presets() -> None:
-    assert preset_names() == ["resid_mlp1", "tms_40-10", "tms_5-2", "tms_5-2-id"]
+    assert preset_names() == [
+        "llama8b_full",
+        "resid_mlp1",
+        "tiny_llama",
+        "tms_40-10",
+        "tms_5-2",
+        "tms_5-2-id",
+    ]
 
 
 @pytest.mark.parametrize("preset", preset_names())
@@ -15,5 +22,18 @@ def test_preset_builds(preset: str) -> None:
     config = load_config(preset)
     assert config.name == preset
     recipe = make_recipe(config)
-    assert all(site.C == config.C for site in recipe.table.sites)
-    assert recipe.ci_fn.table is recipe.table
+    assert getattr(recipe.ci_fn, "table", None) is recipe.table
+    if preset == "llama8b_full":  # the production C per kind of compile-time-pr.md
+        Cs = {name.rsplit(".", 1)[1]: recipe.table.spec(name).C for name in recipe.table.names}
+        assert Cs == {
+            "q": 2048,
+            "k": 2048,
+            "v": 4096,
+            "o": 4096,
+            "gate": 8192,
+            "up": 8192,
+            "down": 10240,
+        }
+        assert len(recipe.table.names) == 224
+    else:
+        assert all(site.C == config.C for site in recipe.table.sites)

@@ -12,9 +12,10 @@ from pd.ci.mlp import site_ci_transform
 from pd.init import init_ci_fn, init_vu, key_tree
 from pd.losses import faithfulness
 from pd.state import Components
+from pd.targets.base import as_toy
 from pd.train import load_config
 from pd.train.run import make_recipe
-from pd.train.step import clip_global_norm, faith_warmup, stacked_weights
+from pd.train.step import clip_global_norm, faith_warmup, grouped_weights
 
 
 def test_s19_clip_uses_the_plus_1e6_epsilon() -> None:
@@ -39,10 +40,11 @@ def test_s19_s20_optimizers_have_zero_weight_decay() -> None:
 
 def test_s21_faithfulness_warmup_fits_the_weights_and_leaves_no_optimizer() -> None:
     recipe = make_recipe(load_config("tms_5-2", ["train.faith_warmup_steps=200"]))
-    frozen = recipe.target.expand(recipe.target.init_train(jax.random.key(0)))
+    toy = as_toy(recipe.target)
+    frozen = toy.expand(toy.init_train(jax.random.key(0)))
     init_key, _, _ = key_tree(0)
     comps = init_vu(init_key, recipe.table)
-    W = stacked_weights(recipe.target, frozen)
+    W = grouped_weights(recipe.target, frozen)
     before = float(faithfulness(W, comps.V, comps.U))
     warmed = faith_warmup(recipe, comps, frozen)
     after = float(faithfulness(W, warmed.V, warmed.U))
@@ -54,6 +56,7 @@ def test_i1_ci_params_batched_equal_per_site_unrolled() -> None:
     recipe = make_recipe(load_config("tms_5-2-id"))
     table = recipe.table
     init_key, _, _ = key_tree(4)
+    assert isinstance(recipe.ci_fn, PerSiteCI)
     batched = jax.jit(init_ci_fn, static_argnums=1)(init_key, recipe.ci_fn)
     ci_key = jax.random.fold_in(init_key, 1)
     for i, site in enumerate(table.sites):
@@ -69,13 +72,13 @@ def test_i1_ci_params_batched_equal_per_site_unrolled() -> None:
 @pytest.mark.parametrize("kind", ["mlp", "vector_mlp", "shared_mlp"])
 def test_ci_kinds_shapes_and_init_scales(kind: str) -> None:
     recipe = make_recipe(load_config("tms_5-2", [f'ci_fn="{kind}"', "ci_hidden=[16, 8]"]))
-    ci_fn: PerSiteCI = recipe.ci_fn
+    ci_fn = recipe.ci_fn
+    assert isinstance(ci_fn, PerSiteCI)
+    toy = as_toy(recipe.target)
     params = ci_fn.init(jax.random.key(0))
     comps = init_vu(jax.random.key(1), recipe.table)
     x = jax.random.uniform(jax.random.key(2), (7, 5))
-    ci, _ = recipe.ci(
-        params, comps, recipe.target.expand(recipe.target.init_train(jax.random.key(3))), x
-    )
+    ci, _ = recipe.ci(params, comps, toy.expand(toy.init_train(jax.random.key(3))), x)
     assert [c.shape for c in ci.lower] == [(1, 7, 20), (1, 7, 20)]
     assert all(float(c.min()) >= 0.0 and float(c.max()) <= 1.0 for c in ci.lower)
     for leaf_path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd.targets.base import frozen_site, taps
+from pd.targets.base import frozen_site
 from pd.targets.configs import ResidMLPConfig, TMSConfig
 from pd.targets.train import _cache_key, load_or_train, train_target
 
@@ -65,7 +65,7 @@ def test_resid_mlp_forward_taps_and_label() -> None:
     params = target.expand(target.init_train(jax.random.key(0)))
     x = target.sample(jax.random.key(1), 16)
     assert float(jnp.max(jnp.abs(x))) <= 1.0
-    site_inputs, clean = taps(target, params, x)
+    site_inputs, clean = target.taps(params, x)
     p = params["~"]
     r = x @ p["embed"]
     assert np.allclose(np.asarray(site_inputs["layers.0.mlp_in"]), np.asarray(r))

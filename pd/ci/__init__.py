@@ -1,7 +1,7 @@
 """Causal-importance functions: squashing and the per-site MLP family (SPEC §4)."""
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import haiku as hk
 import jax
@@ -13,6 +13,8 @@ from pd.ci.squash import lower_leaky_hard, upper_leaky_hard
 from pd.sites import SiteTable
 
 GroupParams = tuple[hk.Params, ...]
+# Clean-path activations by name (S4): site inputs by site name, `resid.{i}` for LMs.
+Taps = dict[str, Float[Array, "B ..."]]
 
 
 class CI(NamedTuple):
@@ -30,6 +32,17 @@ def squash(logits: tuple[Float[Array, "_n ... _C"], ...]) -> CI:
         lower=tuple(lower_leaky_hard(x) for x in logits),
         upper=tuple(upper_leaky_hard(x) for x in logits),
     )
+
+
+@runtime_checkable
+class CIFunction(Protocol):
+    """A CI function: parameters from the CI key, and CI of every site from the taps (§4)."""
+
+    def init(self, ci_key: Key[Array, ""]) -> GroupParams: ...
+
+    def ci(
+        self, params: GroupParams, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]
+    ) -> CI: ...
 
 
 @dataclass(frozen=True)
@@ -66,3 +79,8 @@ class PerSiteCI:
             for g in range(len(self.table.groups))
         )
         return squash(logits)
+
+    def ci(self, params: GroupParams, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]) -> CI:
+        """CI of every site from its own input, read from the taps by site name."""
+        inputs = tuple(jnp.stack(xs) for xs in self.table.per_group(taps))
+        return self.apply(params, inputs, V)

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Key
 
-from pd.ci import GroupParams
+from pd.ci import CI, GroupParams, Taps, squash
+from pd.sites import SiteTable
 
 ROPE_BASE = 10000.0
 
@@ -148,6 +149,29 @@ class ChunkwiseTransformer:
         }
 
 
+@dataclass(frozen=True)
+class ChunkwiseCI:
+    """The chunkwise transformer behind the CI interface: its logits stacked per shape group."""
+
+    transformer: ChunkwiseTransformer
+    table: SiteTable
+
+    def __post_init__(self) -> None:
+        predicted = [s for c in self.transformer.chunks for s in c.sites]
+        if sorted(predicted) != sorted(self.table.names):
+            raise ValueError(
+                f"chunks predict sites {predicted}, expected each of {list(self.table.names)} once"
+            )
+
+    def init(self, ci_key: Key[Array, ""]) -> GroupParams:
+        return self.transformer.init(ci_key)
+
+    def ci(self, params: GroupParams, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]) -> CI:
+        del V  # the transformer reads the taps only
+        logits = self.transformer.apply(params, taps)
+        return squash(tuple(jnp.stack(ls) for ls in self.table.per_group(logits)))
+
+
 def rms_norm(x: Float[Array, "*L d"]) -> Float[Array, "*L d"]:
     """Weightless RMSNorm in fp32 with eps = float32 machine epsilon."""
     x32 = x.astype(jnp.float32)
@@ -163,3 +187,39 @@ def rope(
     x1, x2 = x[..., :half], x[..., half:]
     c, s = cos[:, None, :], sin[:, None, :]
     return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def layer_chunks(table: SiteTable, layers_per_chunk: int) -> tuple[Chunk, ...]:
+    """Sites named `layers.{i}.…` in chunks of `layers_per_chunk` consecutive decomposed layers;
+    a chunk reads the residual stream `resid.{i}` entering each of its layers."""
+    by_layer: dict[int, list[str]] = {}
+    for name in table.names:
+        parts = name.split(".")
+        if len(parts) < 3 or parts[0] != "layers" or not parts[1].isdigit():
+            raise ValueError(
+                f"site {name!r} is not named 'layers.{{i}}.…', expected a layered model"
+            )
+        by_layer.setdefault(int(parts[1]), []).append(name)
+    layers = sorted(by_layer)
+    groups = [layers[i : i + layers_per_chunk] for i in range(0, len(layers), layers_per_chunk)]
+    return tuple(
+        Chunk(tuple(f"resid.{i}" for i in g), tuple(s for i in g for s in by_layer[i]))
+        for g in groups
+    )
+
+
+def chunkwise_ci(
+    table: SiteTable,
+    d_resid: int,
+    layers_per_chunk: int,
+    d_model: int,
+    n_blocks: int,
+    n_heads: int,
+    mlp_hidden: int,
+) -> ChunkwiseCI:
+    """The chunkwise-transformer CI function over a layered model's sites (SPEC §4.1)."""
+    chunks = layer_chunks(table, layers_per_chunk)
+    taps = tuple((t, d_resid) for c in chunks for t in c.taps)
+    site_C = tuple((s.name, s.C) for s in table.sites)
+    transformer = ChunkwiseTransformer(chunks, taps, site_C, d_model, n_blocks, n_heads, mlp_hidden)
+    return ChunkwiseCI(transformer, table)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
-from pd.ci import GroupParams, PerSiteCI
+from pd.ci import CIFunction, GroupParams
 from pd.sites import SiteTable
 from pd.state import Components
 
@@ -32,7 +32,7 @@ def init_vu(init_key: Key[Array, ""], table: SiteTable) -> Components:
     return Components(tuple(V), tuple(U))
 
 
-def init_ci_fn(init_key: Key[Array, ""], ci_fn: PerSiteCI) -> GroupParams:
+def init_ci_fn(init_key: Key[Array, ""], ci_fn: CIFunction) -> GroupParams:
     """CI-function parameters from `ci_key = fold_in(init_key, 1)`."""
     return ci_fn.init(jax.random.fold_in(init_key, 1))
 

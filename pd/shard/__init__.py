@@ -34,13 +34,20 @@ class ShardingError(ValueError):
 
 
 def make_mesh(axes: Mapping[str, int]) -> Mesh:
-    """A mesh with Auto axis types (haiku's matmuls need them) over all local devices."""
-    n = math.prod(axes.values())
-    if n != jax.device_count():
+    """A mesh with Auto axis types (haiku's matmuls need them): over every device of a
+    multi-process run, over the first devices of a single process."""
+    n, available = math.prod(axes.values()), jax.device_count()
+    if n > available or (jax.process_count() > 1 and n != available):
         raise ShardingError(
-            f"mesh {dict(axes)} has {n} devices, expected the {jax.device_count()} available"
+            f"mesh {dict(axes)} has {n} devices, expected "
+            f"{'at most ' if jax.process_count() == 1 else ''}the {available} available"
         )
-    return jax.make_mesh(tuple(axes.values()), tuple(axes), axis_types=(AxisType.Auto,) * len(axes))
+    return jax.make_mesh(
+        tuple(axes.values()),
+        tuple(axes),
+        axis_types=(AxisType.Auto,) * len(axes),
+        devices=jax.devices()[:n],
+    )
 
 
 def partition_spec(
@@ -108,7 +115,7 @@ def source_shardings(
     )
 
 
-def global_batch(x: Array, mesh: Mesh) -> Array:
+def global_batch(x: Array | np.ndarray, mesh: Mesh) -> Array:
     """Shard a batch whose rows every process can compute (a pure function of seed and step) over
     the mesh's `data` axis: each process contributes its own rows only, with
     `jax.make_array_from_process_local_data`, which is right for one process with many devices

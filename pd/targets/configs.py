@@ -69,4 +69,58 @@ class ResidMLPConfig:
         )
 
 
-TargetConfig = TMSConfig | ResidMLPConfig
+LlamaKind = Literal["q", "k", "v", "o", "gate", "up", "down"]
+LLAMA_KINDS: tuple[LlamaKind, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclass(frozen=True)
+class KindC:
+    """C per site kind; 0 takes the run's C."""
+
+    q: int = 0
+    k: int = 0
+    v: int = 0
+    o: int = 0
+    gate: int = 0
+    up: int = 0
+    down: int = 0
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """A Llama-style language model: loaded from a local Hugging Face directory (`checkpoint`),
+    or, when that is empty, built from the sizes below and trained in-process on `tokens` (a
+    `.npy` / `.bin` token file) or, when that is empty too, on the built-in synthetic corpus."""
+
+    kind: Literal["llama"] = "llama"
+    checkpoint: str = ""
+    tokens: str = ""
+    seq_len: int = 32
+    vocab: int = 64
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    d_mlp: int = 128
+    rope_base: float = 10000.0
+    rms_eps: float = 1e-5
+    tie_embeddings: bool = False
+    kinds: tuple[LlamaKind, ...] = LLAMA_KINDS
+    layers: tuple[int, ...] = ()  # decomposed layers; empty: every layer
+    kind_C: KindC = KindC()
+    corpus_tokens: int = 400_000
+    seed: int = 0
+    train_steps: int = 3000
+    train_batch: int = 64
+    train_lr: float = 3e-3
+    train_cosine: bool = True
+    max_attempts: int = 2
+
+    @property
+    def training(self) -> TargetTraining:
+        return TargetTraining(
+            self.train_steps, self.train_batch, self.train_lr, self.train_cosine, self.max_attempts
+        )
+
+
+TargetConfig = TMSConfig | ResidMLPConfig | LlamaConfig

@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import Array, Float, Key
 
 from pd.sites import SiteSpec, SiteTable
-from pd.targets.base import SiteHook, TrainParams
+from pd.targets.base import Divergence, SiteHook, Taps, TrainParams, site_input_taps
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,14 @@ class TMS:
             return jax.nn.relu(out + hk.get_parameter("b", (n,), init=jnp.zeros))
 
         object.__setattr__(self, "_net", hk.without_apply_rng(hk.transform(forward)))
+
+    @property
+    def divergence(self) -> Divergence:
+        return "mse"
+
+    def taps(self, params: hk.Params, x: Float[Array, "B n"]) -> tuple[Taps, Float[Array, "B n"]]:
+        """S4: each site's clean-path input, keyed by site name, and the clean output."""
+        return site_input_taps(self.forward, params, x)
 
     @property
     def dense_sites(self) -> dict[str, int]:

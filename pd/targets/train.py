@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, Float, Key
 
-from pd.targets.base import Target, TrainParams, frozen_site
+from pd.targets.base import ToyTarget, TrainParams, frozen_site
 from pd.targets.configs import TargetConfig, TargetTraining
 
 log = logging.getLogger(__name__)
@@ -31,8 +31,13 @@ class TrainedTarget:
     loss: float
     from_cache: bool
 
+    def describe(self) -> str:
+        return f"attempt {self.attempt}, loss {self.loss:.3g}, cached {self.from_cache}"
 
-def _fit(target: Target, training: TargetTraining, key: Key[Array, ""]) -> tuple[hk.Params, float]:
+
+def _fit(
+    target: ToyTarget, training: TargetTraining, key: Key[Array, ""]
+) -> tuple[hk.Params, float]:
     """Train with AdamW (wd 0) from `key`; returns the frozen params and the mean final loss."""
     steps = training.steps
     lr: optax.ScalarOrSchedule = (
@@ -66,7 +71,7 @@ def _fit(target: Target, training: TargetTraining, key: Key[Array, ""]) -> tuple
     return target.expand(trainable), float(loss)
 
 
-def train_target(target: Target, training: TargetTraining, seed: int) -> TrainedTarget:
+def train_target(target: ToyTarget, training: TargetTraining, seed: int) -> TrainedTarget:
     """Retry with derived seeds until `target.check` accepts the trained model."""
     root = jax.random.key(seed)
     reasons = []
@@ -129,7 +134,7 @@ def _load(path: Path) -> TrainedTarget | None:
         return None
 
 
-def load_or_train(cfg: TargetConfig, target: Target) -> TrainedTarget:
+def load_or_train(cfg: TargetConfig, target: ToyTarget) -> TrainedTarget:
     """The trained target for `cfg`, from the cache when a valid entry exists."""
     path = cache_dir() / "targets" / _cache_key(cfg)
     cached = _load(path)

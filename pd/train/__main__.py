@@ -1,11 +1,15 @@
 """`python -m pd.train PRESET_OR_FILE [--set key=value ...] [--out DIR] [--overwrite]`."""
 
 import argparse
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import jax
+
 from pd.log import setup_logging
-from pd.train.config import ConfigError, load_config, preset_names
+from pd.train.config import ConfigError, RunConfig, load_config, preset_names
 from pd.train.run import prepare_run_dir, run, summary_table
 
 
@@ -15,9 +19,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/NAME)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    parser.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="only lower and compile init and step on abstract inputs, over simulated CPU "
+        "devices as many as the mesh asks for, and print the compile table",
+    )
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
+        if args.compile_only:
+            return _compile_only(config)
         out = args.out if args.out is not None else Path("runs") / config.name
         if out.exists() and not args.overwrite:
             prepare_run_dir(out, overwrite=False)  # raises the one-sentence error
@@ -29,6 +41,20 @@ def main(argv: list[str] | None = None) -> int:
     print(summary_table(result.summary))
     print(result.compile_times.table())
     print(f"run folder: {result.run_dir}")
+    return 0
+
+
+def _compile_only(config: RunConfig) -> int:
+    """Simulate the configured mesh on CPU devices (before jax starts a backend) and compile."""
+    set_option: Callable[[str, object], None] = jax.config.update  # unannotated upstream
+    if "JAX_PLATFORMS" not in os.environ:
+        set_option("jax_platforms", "cpu")
+    set_option("jax_num_cpu_devices", config.mesh.data * config.mesh.model)
+    setup_logging()
+    from pd.train.compile_only import compile_only
+
+    times = compile_only(config)
+    print(times.table())
     return 0
 
 

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Literal
 
 from pd.adversary import Scope
-from pd.ci.mlp import PerSiteCIKind
 from pd.losses import PlanKind
-from pd.targets.configs import ResidMLPConfig, TargetConfig, TMSConfig
+from pd.targets.configs import LlamaConfig, ResidMLPConfig, TargetConfig, TMSConfig
 from pd.train.schedule import Schedule
 
 
@@ -25,12 +24,20 @@ class ConfigError(ValueError):
     """A bad configuration, described in one sentence."""
 
 
+CIKind = Literal["mlp", "vector_mlp", "shared_mlp", "chunkwise_transformer"]
+
+
 @dataclass(frozen=True)
 class ReconTerm:
-    """One stochastic-reconstruction term: a plan and its coefficient."""
+    """One stochastic-reconstruction term: a plan, its coefficient, and `k` for `chunks(k)`."""
 
     plan: PlanKind
     coeff: float = 1.0
+    k: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"recon_chunks{self.k}" if self.plan == "chunks" else f"recon_{self.plan}"
 
 
 @dataclass(frozen=True)
@@ -88,21 +95,53 @@ class CompileConfig:
 
 
 @dataclass(frozen=True)
+class ChunkwiseConfig:
+    """The chunkwise-transformer CI function (SPEC §4.1): one chunk per `layers_per_chunk`
+    layers, reading the residual stream entering each of its layers."""
+
+    layers_per_chunk: int = 1
+    d_model: int = 64
+    n_blocks: int = 1
+    n_heads: int = 4
+    mlp_hidden: int = 128
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """The device mesh `(data, model)`; the default is one device."""
+
+    data: int = 1
+    model: int = 1
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-process JAX, from explicit settings only; off while `coordinator` is empty."""
+
+    coordinator: str = ""
+    num_processes: int = 1
+    process_id: int = 0
+
+
+@dataclass(frozen=True)
 class RunConfig:
     name: str
     seed: int = 0
     target: TargetConfig = field(default_factory=TMSConfig)
     C: int = 20
-    ci_fn: PerSiteCIKind = "mlp"
+    ci_fn: CIKind = "mlp"
     ci_hidden: tuple[int, ...] = (16,)
+    chunkwise: ChunkwiseConfig = ChunkwiseConfig()
     loss: LossConfig = LossConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     compile: CompileConfig = CompileConfig()
+    mesh: MeshConfig = MeshConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
 
 # Integers that may be zero; every other integer must be positive.
-_NON_NEGATIVE_INTS = {"seed", "n_identity", "faith_warmup_steps", "n_warmup"}
+_NON_NEGATIVE_INTS = {"seed", "n_identity", "faith_warmup_steps", "n_warmup", "process_id"}
 # Floats that must lie in [0, 1].
 _FRACTIONS = {"feature_prob", "warmup_pct", "final_frac"}
 
@@ -150,7 +189,11 @@ def _check_scalar(path: str, value: object, tp: object) -> object:
 def _build(tp: object, value: object, path: str) -> object:
     """Build a value of type `tp` from parsed TOML, or raise a one-sentence ConfigError."""
     if tp is TargetConfig or (typing.get_origin(tp) in (types.UnionType, typing.Union)):
-        kinds: dict[str, type] = {"tms": TMSConfig, "resid_mlp": ResidMLPConfig}
+        kinds: dict[str, type] = {
+            "tms": TMSConfig,
+            "resid_mlp": ResidMLPConfig,
+            "llama": LlamaConfig,
+        }
         kind = value.get("kind", "tms") if isinstance(value, dict) else None
         if kind not in kinds:
             raise ConfigError(
@@ -197,6 +240,11 @@ def from_dict(data: dict[str, object]) -> RunConfig:
     """A validated RunConfig from a nested dict (as parsed from TOML)."""
     config = _build(RunConfig, data, "")
     assert isinstance(config, RunConfig)
+    if config.loss.p.warmup_pct > 0:
+        raise ConfigError(
+            f"config key 'loss.p.warmup_pct' is {config.loss.p.warmup_pct!r}, expected 0 "
+            "(p has no warmup, SPEC §5)"
+        )
     return config
 
 

@@ -11,7 +11,8 @@ from scipy.optimize import linear_sum_assignment
 
 from pd.ci import GroupParams
 from pd.state import Components, TrainState
-from pd.train.step import Batch, Metrics, Recipe
+from pd.targets.base import Batch, as_toy
+from pd.train.step import Metrics, Recipe
 
 ALIVE_THRESHOLD = 0.1
 
@@ -55,6 +56,11 @@ def mmcs_ml2r(
     return float(np.mean(cos[rows, best])), float(np.mean(norms[rows, best] / w_norm))
 
 
+def site_max(lower: Float[Array, "_n *L _C"]) -> Float[Array, "_n _C"]:
+    """Each site's max CI over all positions of a batch."""
+    return jnp.max(lower.reshape(lower.shape[0], -1, lower.shape[-1]), axis=1)
+
+
 EvalFn = Callable[
     [TrainState, hk.Params, Batch, Key[Array, ""]],
     tuple[Metrics, tuple[Float[Array, "_n _C"], ...]],
@@ -68,7 +74,10 @@ def make_eval_step(recipe: Recipe) -> EvalFn:
         state: TrainState, frozen: hk.Params, x: Batch, key: Key[Array, ""]
     ) -> tuple[Metrics, tuple[Float[Array, "_n _C"], ...]]:
         metrics, ci = recipe.evaluate_batch(state, frozen, x, key)  # CI computed once
-        return metrics, tuple(jnp.max(lower, axis=1) for lower in ci.lower)
+        return metrics, tuple(
+            jnp.max(lower.reshape(lower.shape[0], -1, lower.shape[-1]), axis=1)
+            for lower in ci.lower
+        )
 
     fn: EvalFn = jax.jit(eval_step)
     return fn
@@ -78,7 +87,7 @@ def probe_ci(
     recipe: Recipe, ci_params: GroupParams, comps: Components, frozen: hk.Params
 ) -> dict[str, np.ndarray]:
     """`{site: [n_features, C]}` CI of each one-hot feature input with value 0.75."""
-    probes = 0.75 * jnp.eye(recipe.target.n_features)
+    probes = 0.75 * jnp.eye(as_toy(recipe.target).n_features)
     ci, _ = jax.jit(recipe.ci)(ci_params, comps, frozen, probes)
     return {n: np.asarray(v) for n, v in recipe.table.views(ci.lower).items()}
 
@@ -92,10 +101,10 @@ def evaluate(
     batch: int,
 ) -> dict[str, float]:
     """The flat summary of SPEC §13 for a toy decomposition."""
-    table = recipe.table
+    table, target = recipe.table, as_toy(recipe.target)
     eval_step = make_eval_step(recipe)
     n_batches = max(1, -(-n_samples // batch))
-    sample = jax.jit(recipe.target.sample, static_argnums=1)
+    sample = jax.jit(target.sample, static_argnums=1)
     sums: dict[str, float] = {}
     ci_max = [np.zeros((len(g.names), g.C)) for g in table.groups]
     for b in range(n_batches):
@@ -114,15 +123,15 @@ def evaluate(
         summary[f"alive/{name}"] = float(np.sum(mask))
     probes = probe_ci(recipe, state.ci_params, state.components, frozen)
     for name, ci in probes.items():
-        k = recipe.target.dense_sites.get(name)
+        k = target.dense_sites.get(name)
         for tol in (0.1, 0.2):
             if k is None:
                 summary[f"identity_ci_error_{tol}/{name}"] = float(identity_ci_error(ci, tol))
             else:
                 summary[f"dense_ci_error_{tol}/{name}"] = float(dense_ci_error(ci, k, tol))
-    weights = recipe.target.weights(frozen)
+    weights = target.weights(frozen)
     comps = table.views(state.components.V), table.views(state.components.U)
-    for name in recipe.target.feature_sites:
+    for name in target.feature_sites:
         W, V, U = (np.asarray(a) for a in (weights[name], comps[0][name], comps[1][name]))
         mmcs, ml2r = mmcs_ml2r(W, V, U, alive[name])
         summary[f"mmcs/{name}"], summary[f"ml2r/{name}"] = mmcs, ml2r

@@ -7,11 +7,13 @@ import haiku as hk
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
+import jax
 import matplotlib.pyplot as plt
 import numpy as np
 
 from pd.ci import GroupParams
-from pd.state import Components
+from pd.state import Components, TrainState
+from pd.targets.base import Batch, as_toy
 from pd.train.evaluate import ALIVE_THRESHOLD, probe_ci
 from pd.train.step import Recipe
 
@@ -40,7 +42,7 @@ def _components(recipe: Recipe, comps: Components, frozen: hk.Params, path: Path
     table = recipe.table
     V, U = table.views(comps.V), table.views(comps.U)
     weights = recipe.target.weights(frozen)
-    arrows = [n for n in recipe.target.feature_sites if weights[n].shape[1] == 2]
+    arrows = [n for n in as_toy(recipe.target).feature_sites if weights[n].shape[1] == 2]
     n_cols = len(table.names) + len(arrows)
     fig, axes = plt.subplots(1, n_cols, figsize=(4 * n_cols, 3.5), squeeze=False)
     for ax, name in zip(axes[0], table.names, strict=False):
@@ -82,10 +84,38 @@ def _losses(run_dir: Path, path: Path) -> None:
     plt.close(fig)
 
 
-def write_figures(
-    recipe: Recipe, ci_params: GroupParams, comps: Components, frozen: hk.Params, run_dir: Path
+def _ci_over_sequence(
+    recipe: Recipe, state: TrainState, frozen: hk.Params, tokens: Batch, path: Path
 ) -> None:
-    """`ci_probes.png`, `components.png` and `losses.png` in the run folder."""
-    _ci_probes(recipe, ci_params, comps, frozen, run_dir / "ci_probes.png")
-    _components(recipe, comps, frozen, run_dir / "components.png")
+    """Per-site CI of the first sequence of a batch: positions down, used subcomponents across."""
+    ci, _ = jax.jit(recipe.ci)(state.ci_params, state.components, frozen, tokens[:1])
+    views = {n: np.asarray(v)[0] for n, v in recipe.table.views(ci.lower).items()}  # [T, C]
+    n = len(views)
+    cols = min(n, 7)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.6 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    for ax, (name, ci_site) in zip(axes.flat, views.items(), strict=False):
+        used = np.flatnonzero(ci_site.max(axis=0) > ALIVE_THRESHOLD)
+        ax.imshow(ci_site[:, used], vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        ax.set_title(f"{name}\n{len(used)} of {ci_site.shape[1]} used", fontsize=7)
+        ax.set_xlabel("subcomponent", fontsize=7)
+        ax.set_ylabel("position", fontsize=7)
+    fig.suptitle("causal importance over one sequence")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_figures(
+    recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batch, run_dir: Path
+) -> None:
+    """Toys: `ci_probes.png` and `components.png`; language models: `ci_sequence.png` (CI over
+    the first sequence of `x`); both: `losses.png`."""
+    if recipe.target.divergence == "kl":
+        _ci_over_sequence(recipe, state, frozen, x, run_dir / "ci_sequence.png")
+    else:
+        _ci_probes(recipe, state.ci_params, state.components, frozen, run_dir / "ci_probes.png")
+        _components(recipe, state.components, frozen, run_dir / "components.png")
     _losses(run_dir, run_dir / "losses.png")

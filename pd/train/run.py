@@ -12,21 +12,31 @@ from pathlib import Path
 
 import haiku as hk
 import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
 from tqdm import tqdm
 
-from pd.ci import PerSiteCI
+from pd.ci import CIFunction, PerSiteCI
+from pd.ci.chunkwise import chunkwise_ci
 from pd.compile_times import CompileTimes, recording
 from pd.init import key_tree
+from pd.shard import ShardingError, global_batch, make_mesh
+from pd.shard.state import frozen_shardings
 from pd.state import TrainState
-from pd.targets.train import load_or_train
+from pd.targets.base import Batch, as_toy
+from pd.targets.configs import LlamaConfig
+from pd.targets.llama import Llama
+from pd.targets.lm import build_target, load_frozen, token_source
 from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig
 from pd.train.evaluate import evaluate, make_eval_step
+from pd.train.evaluate_lm import evaluate_lm
+from pd.train.init_state import init_train_state, state_shardings
 from pd.train.step import (
     Recipe,
     batch_key,
     faith_warmup,
-    init_train_state,
     make_sampler,
     make_train_step,
 )
@@ -52,10 +62,64 @@ class RunResult:
 
 
 def make_recipe(config: RunConfig) -> Recipe:
-    """The static structure of a run (no arrays, nothing compiled)."""
-    target = config.target.build(config.C)
-    ci_fn = PerSiteCI(target.table, config.ci_fn, config.ci_hidden)
-    return Recipe(target, ci_fn, config.loss, config.train)
+    """The static structure of a run (no arrays, nothing compiled); bad sizes are ConfigErrors."""
+    try:
+        target = build_target(config.target, config.C)
+        if config.ci_fn == "chunkwise_transformer":
+            if not isinstance(target, Llama):
+                raise ConfigError(
+                    "config key 'ci_fn' is 'chunkwise_transformer', which needs a language-model "
+                    f"target, not '{config.target.kind}'"
+                )
+            cw = config.chunkwise
+            ci_fn: CIFunction = chunkwise_ci(
+                target.table,
+                target.arch.d_model,
+                cw.layers_per_chunk,
+                cw.d_model,
+                cw.n_blocks,
+                cw.n_heads,
+                cw.mlp_hidden,
+            )
+        else:
+            ci_fn = PerSiteCI(target.table, config.ci_fn, config.ci_hidden)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    seq_len = config.target.seq_len if isinstance(config.target, LlamaConfig) else 0
+    return Recipe(target, ci_fn, config.loss, config.train, seq_len)
+
+
+def make_mesh_of(config: RunConfig) -> Mesh | None:
+    """The run's `(data, model)` mesh, or None for a single-device run."""
+    m = config.mesh
+    if m.data * m.model == 1 and jax.process_count() == 1:
+        return None
+    try:
+        return make_mesh({"data": m.data, "model": m.model})
+    except ShardingError as err:
+        raise ConfigError(f"config key 'mesh': {err}") from None
+
+
+def make_batches(
+    config: RunConfig, recipe: Recipe, run_key: jax.Array, mesh: Mesh | None
+) -> Callable[[int], Batch]:
+    """The global batch of a step, a pure function of `(seed, step)` (S18), placed on the mesh."""
+    B = config.train.batch
+    if isinstance(config.target, LlamaConfig):
+        tokens = token_source(config.target)
+        T = config.target.seq_len
+
+        def lm_batch(step: int) -> Batch:
+            rows = tokens.batch(config.seed, step, B, T)
+            return jnp.asarray(rows) if mesh is None else global_batch(rows, mesh)
+
+        return lm_batch
+    sample = make_sampler(as_toy(recipe.target), B)
+    if mesh is None:
+        return lambda step: sample(run_key, jnp.asarray(step, jnp.int32))
+    return lambda step: global_batch(
+        np.asarray(sample(run_key, jnp.asarray(step, jnp.int32))), mesh
+    )
 
 
 def prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
@@ -70,7 +134,13 @@ def prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
 
 
 def _train(
-    recipe: Recipe, state: TrainState, frozen: hk.Params, run_key: jax.Array, run_dir: Path
+    recipe: Recipe,
+    state: TrainState,
+    frozen: hk.Params,
+    batches: Callable[[int], Batch],
+    run_key: jax.Array,
+    run_dir: Path,
+    shardings: TrainState | None,
 ) -> TrainState:
     """The loop: one `device_get` per log interval, appended to metrics.jsonl.
 
@@ -78,13 +148,12 @@ def _train(
     evaluation step on that step's batch.
     """
     cfg = recipe.train
-    train_step = make_train_step(recipe)
+    train_step = make_train_step(recipe, shardings)
     eval_step = make_eval_step(recipe)
-    sample = make_sampler(recipe.target, cfg.batch)
     bar = tqdm(total=cfg.steps, disable=not sys.stderr.isatty(), desc="train", unit="step")
     with (run_dir / "metrics.jsonl").open("w") as out:
         for step in range(cfg.steps):
-            x = sample(run_key, state.step)
+            x = batches(step)
             state, metrics = train_step(state, frozen, x, run_key)
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
                 evaluated, _ = eval_step(state, frozen, x, batch_key(run_key, step))
@@ -98,10 +167,31 @@ def _train(
     return state
 
 
+def _evaluate(
+    config: RunConfig,
+    recipe: Recipe,
+    state: TrainState,
+    frozen: hk.Params,
+    batches: Callable[[int], Batch],
+    run_key: jax.Array,
+) -> dict[str, float]:
+    eval_key = jax.random.fold_in(run_key, EVAL_FOLD)
+    n_batches = max(1, -(-config.eval.n_samples // config.eval.batch))
+    if isinstance(config.target, LlamaConfig):
+        # Evaluation batches count down from EVAL_FOLD: steps never get there.
+        def eval_batch(b: int) -> Batch:
+            return batches(EVAL_FOLD - b)
+
+        return evaluate_lm(recipe, state, frozen, eval_batch, eval_key, n_batches)
+    return evaluate(recipe, state, frozen, eval_key, config.eval.n_samples, config.eval.batch)
+
+
 def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> RunResult:
     """Decompose the configured target end to end and write the run folder."""
     run_dir = Path(out) if out is not None else Path("runs") / config.name
     recipe = make_recipe(config)  # validates the site specs before anything is written
+    mesh = make_mesh_of(config)
+    shardings = None if mesh is None else state_shardings(recipe, mesh)  # divisibility, early
     prepare_run_dir(run_dir, overwrite)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
     if config.compile.cache_dir:
@@ -110,25 +200,19 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
         set_option("jax_persistent_cache_min_compile_time_secs", config.compile.min_compile_secs)
     t0 = time.perf_counter()
     with recording() as compile_times:
-        trained = load_or_train(config.target, recipe.target)
-        log.info(
-            "target ready (attempt %d, loss %.3g, cached %s)",
-            trained.attempt,
-            trained.loss,
-            trained.from_cache,
-        )
+        trained = load_frozen(config.target, recipe.target)
+        log.info("target ready (%s)", trained.describe())
         frozen = trained.params
+        if mesh is not None:
+            frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
         init_key, src_key, run_key = key_tree(config.seed)
-        state = init_train_state(recipe, init_key, src_key)
+        state = init_train_state(recipe, init_key, src_key, mesh)
         if config.train.faith_warmup_steps > 0:
             state = state._replace(components=faith_warmup(recipe, state.components, frozen))
-        state = _train(recipe, state, frozen, run_key, run_dir)
+        batches = make_batches(config, recipe, run_key, mesh)
+        state = _train(recipe, state, frozen, batches, run_key, run_dir, shardings)
         checkpoint.save(run_dir / "decomposition.npz", (state.components, state.ci_params))
-
-        eval_key = jax.random.fold_in(run_key, EVAL_FOLD)
-        summary = evaluate(
-            recipe, state, frozen, eval_key, config.eval.n_samples, config.eval.batch
-        )
+        summary = _evaluate(config, recipe, state, frozen, batches, run_key)
     summary["target/attempt"] = float(trained.attempt)
     summary["target/loss"] = trained.loss
     summary["time/total_s"] = time.perf_counter() - t0
@@ -137,7 +221,7 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
     if config.eval.figures:
         from pd.train.figures import write_figures  # matplotlib is imported only when drawing
 
-        write_figures(recipe, state.ci_params, state.components, frozen, run_dir)
+        write_figures(recipe, state, frozen, batches(EVAL_FOLD), run_dir)
     return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe)
 
 

@@ -11,26 +11,18 @@ import optax
 from jax.typing import ArrayLike
 from jaxtyping import Array, Bool, Float, Int, Key
 
-from pd.adversary import Sources, ascend, init_source_adam, init_sources, scope_shape
-from pd.ci import CI, GroupParams, PerSiteCI
+from pd.adversary import Sources, ascend
+from pd.ci import CI, CIFunction, GroupParams
 from pd.decompose import make_mask, site_out
-from pd.init import init_ci_fn, init_vu
-from pd.losses import (
-    PlanKind,
-    faithfulness,
-    importance_terms,
-    mse,
-    recon_plan,
-    uniform_k_routing,
-)
+from pd.losses import faithfulness, importance_terms, kl, mse, recon_plan, uniform_k_routing
 from pd.sites import SiteTable
 from pd.state import Components, TrainState
-from pd.targets.base import SiteHook, Target, frozen_site, taps
-from pd.train.config import LossConfig, TrainConfig
+from pd.targets.base import Batch, Output, SiteHook, Target, ToyTarget, frozen_site
+from pd.train.config import LossConfig, ReconTerm, TrainConfig
 from pd.train.schedule import Schedule, schedule_value
 
 Metrics = dict[str, Float[Array, ""]]
-Batch = Float[Array, "B n_features"]
+CILower = tuple[Float[Array, "_n B ... _C"], ...]
 
 
 class LiveSite(NamedTuple):
@@ -56,27 +48,47 @@ def decomposed_hook(table: SiteTable, comps: Components, live: Mapping[str, Live
     return hook
 
 
-def stacked_weights(
-    target: Target, frozen: hk.Params
-) -> tuple[Float[Array, "_n _d_in _d_out"], ...]:
-    """The frozen W of every site, stacked per shape group."""
-    return tuple(jnp.stack(ws) for ws in target.table.per_group(target.weights(frozen)))
+def grouped_weights(target: Target, frozen: hk.Params) -> tuple[list[Array], ...]:
+    """The frozen W of every site, per shape group in slot order (views, never a stacked copy)."""
+    return target.table.per_group(target.weights(frozen))
 
 
-def stacked_inputs(
-    target: Target, site_inputs: dict[str, Float[Array, "B d_in"]]
-) -> tuple[Float[Array, "_n B _d_in"], ...]:
-    return tuple(jnp.stack(xs) for xs in target.table.per_group(site_inputs))
+SourceOf = Callable[[str, Float[Array, "*L C"]], Float[Array, "*L Cp1"]]
+
+
+def constant_source(value: float) -> SourceOf:
+    """Every channel `value` and the delta channel off (the monitors of SPEC §5)."""
+
+    def source_of(name: str, ci: Float[Array, "*L C"]) -> Float[Array, "*L Cp1"]:
+        return jnp.full((*ci.shape[:-1], ci.shape[-1] + 1), value).at[..., -1].set(0.0)
+
+    return source_of
+
+
+def persistent_source(table: SiteTable, sources: Sources) -> SourceOf:
+    """Each site's persistent source broadcast over the positions (S12)."""
+
+    def source_of(name: str, ci: Float[Array, "*L C"]) -> Float[Array, "*L Cp1"]:
+        g, slot = table.c_where(name)
+        shape = (*ci.shape[:-1], ci.shape[-1] + 1)
+        return jnp.broadcast_to(sources[g][slot].astype(ci.dtype), shape)
+
+    return source_of
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """Static structure of one decomposition: target, CI function, losses and schedules."""
+    """Static structure of one decomposition: target, CI function, losses and schedules.
+
+    `seq_len` is the sequence length of language-model batches (0 for toys); it fixes the shape
+    of sequence-scoped adversarial sources.
+    """
 
     target: Target
-    ci_fn: PerSiteCI
+    ci_fn: CIFunction
     loss: LossConfig
     train: TrainConfig
+    seq_len: int = 0
 
     @property
     def table(self) -> SiteTable:
@@ -101,30 +113,34 @@ class Recipe:
 
     def ci(
         self, ci_params: GroupParams, comps: Components, frozen: hk.Params, x: Batch
-    ) -> tuple[CI, Float[Array, "B n_out"]]:
+    ) -> tuple[CI, Output]:
         """`(CI, clean output)`: the CI function reads the clean-path taps (S4)."""
-        site_inputs, clean = taps(self.target, frozen, x)
-        return self.ci_fn.apply(ci_params, stacked_inputs(self.target, site_inputs), comps.V), clean
+        taps, clean = self.target.taps(frozen, x)
+        return self.ci_fn.ci(ci_params, taps, comps.V), clean
+
+    def divergence(self, masked: Output, clean: Output) -> Float[Array, ""]:
+        """D(masked, clean): MSE for toys, KL(clean ‖ masked) for language models (SPEC §5)."""
+        return kl(masked, clean) if self.target.divergence == "kl" else mse(masked, clean)
 
     def masked_output(
         self, frozen: hk.Params, x: Batch, comps: Components, live: Mapping[str, LiveSite]
-    ) -> Float[Array, "B n_out"]:
+    ) -> Output:
         return self.target.forward(frozen, x, decomposed_hook(self.table, comps, live))
 
     def stochastic_recon(
         self,
         key: Key[Array, ""],
-        plan: PlanKind,
+        term: ReconTerm,
         frozen: hk.Params,
         x: Batch,
         comps: Components,
-        ci_lower: tuple[Float[Array, "_n B _C"], ...],
-        clean: Float[Array, "B n_out"],
+        ci_lower: CILower,
+        clean: Output,
     ) -> Float[Array, ""]:
         """S10/S11: the mean divergence over every forward of the plan, fresh sources each."""
-        table, leading = self.table, x.shape[:-1]
+        table, leading = self.table, ci_lower[0].shape[1:-1]
         losses = []
-        for j, entry in enumerate(recon_plan(plan, table)):
+        for j, entry in enumerate(recon_plan(term.plan, table, term.k)):
             for d in range(self.loss.n_mask_samples):
                 src_key, route_key = jax.random.split(
                     jax.random.fold_in(jax.random.fold_in(key, j), d)
@@ -141,26 +157,38 @@ class Recipe:
                     )
                     mask, delta = make_mask(ci_lower[g][slot], src)
                     live[name] = LiveSite(mask, delta, None if routes is None else routes[..., i])
-                losses.append(mse(self.masked_output(frozen, x, comps, live), clean))
+                losses.append(self.divergence(self.masked_output(frozen, x, comps, live), clean))
         return jnp.mean(jnp.stack(losses))
 
-    def all_live_recon(
+    def all_live_output(
         self,
-        source_of: Callable[[str, Float[Array, "B C"]], Float[Array, "B Cp1"]],
+        source_of: SourceOf,
         frozen: hk.Params,
         x: Batch,
         comps: Components,
-        ci_lower: tuple[Float[Array, "_n B _C"], ...],
-        clean: Float[Array, "B n_out"],
-    ) -> Float[Array, ""]:
-        """Every site live and routed everywhere, with S1 masks from `source_of(site, ci)`."""
+        ci_lower: CILower,
+    ) -> Output:
+        """The output with every site live and routed everywhere, S1 masks from `source_of`."""
         live = {}
         for name in self.table.names:
             g, slot = self.table.where(name)
             ci = ci_lower[g][slot]
             mask, delta = make_mask(ci, source_of(name, ci))
             live[name] = LiveSite(mask, delta, None)
-        return mse(self.masked_output(frozen, x, comps, live), clean)
+        return self.masked_output(frozen, x, comps, live)
+
+    def all_live_recon(
+        self,
+        source_of: SourceOf,
+        frozen: hk.Params,
+        x: Batch,
+        comps: Components,
+        ci_lower: CILower,
+        clean: Output,
+    ) -> Float[Array, ""]:
+        """D of `all_live_output` against the clean output."""
+        masked = self.all_live_output(source_of, frozen, x, comps, ci_lower)
+        return self.divergence(masked, clean)
 
     def monitor(
         self,
@@ -168,15 +196,11 @@ class Recipe:
         frozen: hk.Params,
         x: Batch,
         comps: Components,
-        ci_lower: tuple[Float[Array, "_n B _C"], ...],
-        clean: Float[Array, "B n_out"],
+        ci_lower: CILower,
+        clean: Output,
     ) -> Float[Array, ""]:
         """A constant source and no delta channel: 0 is CI-masked, 1 is unmasked (SPEC §5)."""
-
-        def constant(name: str, ci: Float[Array, "B C"]) -> Float[Array, "B Cp1"]:
-            return jnp.full((*ci.shape[:-1], ci.shape[-1] + 1), source).at[..., -1].set(0.0)
-
-        return self.all_live_recon(constant, frozen, x, comps, ci_lower, clean)
+        return self.all_live_recon(constant_source(source), frozen, x, comps, ci_lower, clean)
 
     def adversarial_recon(
         self,
@@ -184,24 +208,19 @@ class Recipe:
         frozen: hk.Params,
         x: Batch,
         comps: Components,
-        ci_lower: tuple[Float[Array, "_n B _C"], ...],
-        clean: Float[Array, "B n_out"],
+        ci_lower: CILower,
+        clean: Output,
     ) -> Float[Array, ""]:
         """S12: masks from the persistent sources, broadcast over their scope."""
-
-        def persistent(name: str, ci: Float[Array, "B C"]) -> Float[Array, "B Cp1"]:
-            g, slot = self.table.c_where(name)
-            shape = (*ci.shape[:-1], ci.shape[-1] + 1)
-            return jnp.broadcast_to(sources[g][slot].astype(ci.dtype), shape)
-
-        return self.all_live_recon(persistent, frozen, x, comps, ci_lower, clean)
+        source_of = persistent_source(self.table, sources)
+        return self.all_live_recon(source_of, frozen, x, comps, ci_lower, clean)
 
     def losses(
         self,
         comps: Components,
         ci: CI,
         sources: Sources,
-        clean: Float[Array, "B n_out"],
+        clean: Output,
         frozen: hk.Params,
         x: Batch,
         step_key: Key[Array, ""],
@@ -209,7 +228,7 @@ class Recipe:
     ) -> tuple[Float[Array, ""], Metrics]:
         """The total loss given this step's CI, and every term under its own name."""
         cfg = self.loss
-        faith = faithfulness(stacked_weights(self.target, frozen), comps.V, comps.U)
+        faith = faithfulness(grouped_weights(self.target, frozen), comps.V, comps.U)
         p = schedule_value(cfg.p, self.train.steps, step)
         lp, freq = importance_terms(ci.upper, p, cfg.eps, cfg.reference_token_count)
         total = cfg.faithfulness * faith + cfg.importance * lp
@@ -219,10 +238,10 @@ class Recipe:
             metrics["loss/frequency"] = freq
         for t, term in enumerate(cfg.recon):
             value = self.stochastic_recon(
-                jax.random.fold_in(step_key, 1 + t), term.plan, frozen, x, comps, ci.lower, clean
+                jax.random.fold_in(step_key, 1 + t), term, frozen, x, comps, ci.lower, clean
             )
             total = total + term.coeff * value
-            metrics[f"loss/recon_{term.plan}"] = value
+            metrics[f"loss/{term.name}"] = value
         if cfg.adversary.coeff > 0:
             value = self.adversarial_recon(sources, frozen, x, comps, ci.lower, clean)
             total = total + cfg.adversary.coeff * value
@@ -257,8 +276,11 @@ def clip_global_norm(grads: Components, max_norm: float) -> Components:
 StepFn = Callable[[TrainState, hk.Params, Batch, Key[Array, ""]], tuple[TrainState, Metrics]]
 
 
-def make_train_step(recipe: Recipe) -> StepFn:
-    """One jitted `train_step(state, frozen, batch, run_key)`; frozen params are traced (S18)."""
+def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> StepFn:
+    """One jitted `train_step(state, frozen, batch, run_key)`; frozen params are traced (S18).
+
+    With `shardings` (a mesh run) the new state keeps the placement of the old one.
+    """
     opt_c, opt_ci = recipe.component_optimizer(), recipe.ci_optimizer()
     adv = recipe.loss.adversary
 
@@ -268,7 +290,7 @@ def make_train_step(recipe: Recipe) -> StepFn:
         step_key = jax.random.fold_in(run_key, state.step)
         comps = state.components
 
-        def ci_of(ci_params: GroupParams, comps: Components) -> tuple[CI, Float[Array, "B n_out"]]:
+        def ci_of(ci_params: GroupParams, comps: Components) -> tuple[CI, Output]:
             return recipe.ci(ci_params, comps, frozen, x)
 
         # The CI function runs once per step; its vjp carries the loss gradients back to it.
@@ -311,7 +333,8 @@ def make_train_step(recipe: Recipe) -> StepFn:
         )
         return new, metrics
 
-    step: StepFn = jax.jit(train_step, donate_argnums=0)
+    out = None if shardings is None else (shardings, None)
+    step: StepFn = jax.jit(train_step, donate_argnums=0, out_shardings=out)
     return step
 
 
@@ -321,7 +344,7 @@ def batch_key(run_key: Key[Array, ""], step: int | Int[Array, ""]) -> Key[Array,
 
 
 def make_sampler(
-    target: Target, batch_size: int
+    target: ToyTarget, batch_size: int
 ) -> Callable[[Key[Array, ""], Int[Array, ""]], Batch]:
     """The jitted batch of a step: a pure function of `(run_key, step)` (S18)."""
 
@@ -332,38 +355,13 @@ def make_sampler(
     return fn
 
 
-def init_train_state(
-    recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, ""]
-) -> TrainState:
-    """Stacked V/U, CI parameters, sources and every optimizer state (each init jitted by name)."""
-    comps: Components = jax.jit(init_vu, static_argnums=1)(init_key, recipe.table)
-    ci_params: GroupParams = jax.jit(init_ci_fn, static_argnums=1)(init_key, recipe.ci_fn)
-    adv = recipe.loss.adversary
-    sources: Sources = ()
-    if adv.coeff > 0:
-        # The adversarial term is term t = len(recon) in the source key tree (SPEC §9).
-        scope = scope_shape(adv.scope, recipe.train.batch)
-        sources = jax.jit(init_sources, static_argnums=(1, 2, 3))(
-            src_key, len(recipe.loss.recon), recipe.table, scope
-        )
-    return TrainState(
-        step=jnp.zeros((), jnp.int32),
-        components=comps,
-        ci_params=ci_params,
-        opt_components=recipe.component_optimizer().init(comps),
-        opt_ci=recipe.ci_optimizer().init(ci_params),
-        sources=sources,
-        source_opt=init_source_adam(sources),
-    )
-
-
 def faith_warmup(recipe: Recipe, comps: Components, frozen: hk.Params) -> Components:
     """S21: `n` AdamW steps on faithfulness alone with a throwaway optimizer, before step 0."""
     cfg = recipe.train
     tx = optax.adamw(learning_rate=cfg.faith_warmup_lr, weight_decay=cfg.faith_warmup_wd)
 
     def faithfulness_warmup(comps: Components, frozen: hk.Params) -> Components:
-        W = stacked_weights(recipe.target, frozen)
+        W = grouped_weights(recipe.target, frozen)
 
         def body(
             carry: tuple[Components, optax.OptState], _: None

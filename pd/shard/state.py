@@ -1,0 +1,64 @@
+"""Placement of every `TrainState` leaf (SPEC §11), from the shardings of the parameters."""
+
+import operator
+from collections.abc import Sequence
+
+import jax
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from pd.adversary import SourceAdam
+from pd.shard import ShardingError, _spec
+from pd.state import Components, TrainState
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, _spec())
+
+
+def like_params(opt_state: optax.OptState, params: object, mesh: Mesh) -> optax.OptState:
+    """An optimizer state's shardings: every subtree shaped like the parameters (Adam's moments)
+    is placed like them; everything else (step counts) is replicated."""
+    structure = jax.tree.structure(params)
+
+    def is_params(node: object) -> bool:
+        return bool(operator.eq(jax.tree.structure(node), structure))
+
+    placed: optax.OptState = jax.tree.map(
+        lambda node: params if is_params(node) else replicated(mesh), opt_state, is_leaf=is_params
+    )
+    return placed
+
+
+def train_state_shardings(
+    abstract: TrainState,
+    components: Components,
+    ci_params: object,
+    sources: Sequence[NamedSharding],
+    mesh: Mesh,
+) -> TrainState:
+    """Every leaf's NamedSharding, given those of the components, CI parameters and sources."""
+    sources = tuple(sources)
+    if len(sources) != len(abstract.sources):
+        raise ShardingError(
+            f"sources: {len(sources)} shardings for {len(abstract.sources)} C groups, expected one"
+        )
+    sharded: TrainState = TrainState(
+        step=replicated(mesh),  # type: ignore[arg-type]  # a tree of shardings in the state layout
+        components=components,
+        ci_params=ci_params,  # type: ignore[arg-type]  # a tree of shardings in the params layout
+        opt_components=like_params(abstract.opt_components, components, mesh),
+        opt_ci=like_params(abstract.opt_ci, ci_params, mesh),
+        sources=sources,  # type: ignore[arg-type]  # shardings in the sources layout
+        source_opt=SourceAdam(sources, sources, replicated(mesh)),  # type: ignore[arg-type]  # as above
+    )
+    return sharded
+
+
+def frozen_shardings(frozen: object, mesh: Mesh) -> object:
+    """The frozen target, replicated: it is read by every device and never updated.
+
+    (At a scale where a replica does not fit, its matrices would take the `model` axis; pd's
+    targets fit on one device today.)
+    """
+    return jax.tree.map(lambda _: replicated(mesh), frozen)

@@ -1,0 +1,271 @@
+"""A Llama-style language model (SPEC §12): RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+The forward follows Hugging Face's `LlamaForCausalLM` so that `pd.targets.hf.load_hf` checkpoints
+give the same logits. Weights are right-multiplied, `y = x @ W` with `W: [d_in, d_out]` (HF's
+Linear weights transposed).
+
+Haiku parameters, all module-less (under `"~"`):
+
+| name | shape |
+|---|---|
+| `embed` | `[vocab, d_model]` |
+| `layers_{i}_attn_norm`, `layers_{i}_mlp_norm`, `final_norm` | `[d_model]` |
+| `layers_{i}_q` | `[d_model, n_heads · head_dim]` |
+| `layers_{i}_k`, `layers_{i}_v` | `[d_model, n_kv_heads · head_dim]` |
+| `layers_{i}_o` | `[n_heads · head_dim, d_model]` |
+| `layers_{i}_gate`, `layers_{i}_up` | `[d_model, d_mlp]` |
+| `layers_{i}_down` | `[d_mlp, d_model]` |
+| `head` | `[d_model, vocab]`, absent with tied embeddings (`head = embed.T`) |
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import DTypeLike
+from jaxtyping import Array, Bool, Float, Int, Key
+
+from pd.sites import SiteSpec, SiteTable
+from pd.targets.base import Divergence, SiteHook, Taps, frozen_site, site_input_taps
+
+# The transformer kind order of canonical site order (SPEC §2).
+KINDS = ("q", "k", "v", "o", "gate", "up", "down")
+_ATTN_KINDS = ("q", "k", "v", "o")
+_MASKED = float(np.finfo(np.float32).min)  # score of a masked (future) position
+
+
+@dataclass(frozen=True)
+class LlamaArch:
+    """Sizes of a Llama-style model; `head_dim = 0` resolves to `d_model // n_heads`."""
+
+    vocab: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_mlp: int
+    head_dim: int = 0
+    rope_base: float = 10000.0
+    rms_eps: float = 1e-5
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_mlp"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ValueError(f"LlamaArch.{name} is {value}, expected a positive integer")
+        for name in ("rope_base", "rms_eps"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"LlamaArch.{name} is {value}, expected a positive number")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"LlamaArch.n_heads is {self.n_heads}, expected a multiple of "
+                f"n_kv_heads ({self.n_kv_heads})"
+            )
+        if self.head_dim < 0:
+            raise ValueError(f"LlamaArch.head_dim is {self.head_dim}, expected 0 or positive")
+        if self.head_dim == 0:
+            if self.d_model % self.n_heads:
+                raise ValueError(
+                    f"LlamaArch.d_model is {self.d_model}, expected a multiple of n_heads "
+                    f"({self.n_heads}) when head_dim is 0"
+                )
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        if self.head_dim % 2:
+            raise ValueError(f"LlamaArch.head_dim is {self.head_dim}, expected an even number")
+
+    def site_shape(self, kind: str) -> tuple[int, int]:
+        """`(d_in, d_out)` of a projection kind."""
+        d, q, kv = self.d_model, self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        shapes = {
+            "q": (d, q),
+            "k": (d, kv),
+            "v": (d, kv),
+            "o": (q, d),
+            "gate": (d, self.d_mlp),
+            "up": (d, self.d_mlp),
+            "down": (self.d_mlp, d),
+        }
+        return shapes[kind]
+
+
+def site_name(layer: int, kind: str) -> str:
+    """`layers.{i}.attn.{q,k,v,o}` or `layers.{i}.mlp.{gate,up,down}`."""
+    return f"layers.{layer}.{'attn' if kind in _ATTN_KINDS else 'mlp'}.{kind}"
+
+
+@dataclass(frozen=True)
+class Llama:
+    """A Llama-style LM with the sites of `kind_C` decomposed in the layers `layers`."""
+
+    arch: LlamaArch
+    kind_C: tuple[tuple[str, int], ...]  # decomposed kinds and their C
+    layers: tuple[int, ...]  # decomposed layers
+    table: SiteTable = field(init=False)
+    _param_of: dict[str, str] = field(init=False, repr=False, compare=False)
+    _net: hk.Transformed = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        kinds = [k for k, _ in self.kind_C]
+        for k in kinds:
+            if k not in KINDS:
+                raise ValueError(f"Llama kind {k!r} is unknown, expected one of {', '.join(KINDS)}")
+        if not kinds or len(set(kinds)) != len(kinds):
+            raise ValueError(
+                f"Llama kind_C kinds are {kinds}, expected distinct kinds, at least one"
+            )
+        if not self.layers or len(set(self.layers)) != len(self.layers):
+            raise ValueError(
+                f"Llama layers are {list(self.layers)}, expected distinct layers, at least one"
+            )
+        for i in self.layers:
+            if not 0 <= i < self.arch.n_layers:
+                raise ValueError(
+                    f"Llama layer {i} is out of range, expected 0 <= layer < {self.arch.n_layers}"
+                )
+        Cs = dict(self.kind_C)
+        # Canonical order regardless of the order given: layer ascending, then KINDS (SPEC §2).
+        order = [(i, k) for i in sorted(self.layers) for k in KINDS if k in Cs]
+        sites = tuple(SiteSpec(site_name(i, k), *self.arch.site_shape(k), Cs[k]) for i, k in order)
+        object.__setattr__(self, "table", SiteTable(sites))
+        object.__setattr__(
+            self, "_param_of", {site_name(i, k): f"layers_{i}_{k}" for i, k in order}
+        )
+        object.__setattr__(self, "_net", hk.without_apply_rng(hk.transform(self._forward)))
+
+    @property
+    def divergence(self) -> Divergence:
+        return "kl"
+
+    def init(self, key: Key[Array, ""]) -> hk.Params:
+        """Small fp32 init for training in-process: matrices N(0, 0.02²), norm weights 1."""
+        params: hk.Params = self._net.init(key, jnp.zeros((1, 1), jnp.int32), frozen_site)
+        return params
+
+    def forward(
+        self, params: hk.Params, tokens: Int[Array, "B T"], site: SiteHook
+    ) -> Float[Array, "B T vocab"]:
+        """fp32 logits; every decomposed matmul goes through `site(name, x, W)`."""
+        logits, _ = self._apply(params, tokens, site)
+        return logits
+
+    def weights(self, params: hk.Params) -> dict[str, Float[Array, "d_in d_out"]]:
+        """Each site's frozen `W: [d_in, d_out]` (in the params' dtype), in canonical order."""
+        return {s: params["~"][p] for s, p in self._param_of.items()}
+
+    def taps(
+        self, params: hk.Params, tokens: Int[Array, "B T"]
+    ) -> tuple[Taps, Float[Array, "B T vocab"]]:
+        """S4: every site's clean-path input by site name, and `resid.{i}` for i in
+        0..n_layers, the residual stream entering layer i (`resid.{n_layers}`: before the final
+        norm); plus the clean logits."""
+        resid: list[Float[Array, "B T d"]] = []
+
+        def forward(
+            p: hk.Params, x: Int[Array, "B T"], site: SiteHook
+        ) -> Float[Array, "B T vocab"]:
+            logits, hs = self._apply(p, x, site)
+            resid.extend(hs)
+            return logits
+
+        taps, logits = site_input_taps(forward, params, tokens)
+        taps.update({f"resid.{i}": h for i, h in enumerate(resid)})
+        return taps, logits
+
+    def _apply(
+        self, params: hk.Params, tokens: Int[Array, "B T"], site: SiteHook
+    ) -> tuple[Float[Array, "B T vocab"], tuple[Float[Array, "B T d"], ...]]:
+        out: tuple[Float[Array, "B T vocab"], tuple[Float[Array, "B T d"], ...]]
+        out = self._net.apply(params, tokens, site)
+        return out
+
+    def _forward(
+        self, tokens: Int[Array, "B T"], site: SiteHook
+    ) -> tuple[Float[Array, "B T vocab"], tuple[Float[Array, "B T d"], ...]]:
+        """The logits (fp32) and the residual stream entering every layer and the final norm."""
+        a = self.arch
+        B, T = tokens.shape
+        hd, q_heads, kv_heads = a.head_dim, a.n_heads, a.n_kv_heads
+        normal = hk.initializers.RandomNormal(0.02)
+
+        def norm(name: str, h: Float[Array, "B T d"]) -> Float[Array, "B T d"]:
+            w = hk.get_parameter(name, (a.d_model,), init=jnp.ones)
+            return rms_norm(h, w, a.rms_eps)
+
+        def proj(layer: int, kind: str, x: Float[Array, "B T d_in"]) -> Float[Array, "B T d_out"]:
+            W = hk.get_parameter(f"layers_{layer}_{kind}", a.site_shape(kind), init=normal)
+            name = site_name(layer, kind)
+            return site(name, x, W) if name in self._param_of else x @ W
+
+        embed = hk.get_parameter("embed", (a.vocab, a.d_model), init=normal)
+        h = embed[tokens]
+        cos, sin = rope_tables(T, hd, a.rope_base, h.dtype)
+        # Built on device from iotas, not a [T, T] constant baked into the program.
+        causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]
+        resid: list[Float[Array, "B T d"]] = []
+        for i in range(a.n_layers):
+            resid.append(h)
+            x = norm(f"layers_{i}_attn_norm", h)
+            # q/k/v are sites before RoPE; the rotation is not part of any decomposed matmul.
+            q = rope(proj(i, "q", x).reshape(B, T, q_heads, hd), cos, sin)
+            k = rope(proj(i, "k", x).reshape(B, T, kv_heads, hd), cos, sin)
+            v = proj(i, "v", x).reshape(B, T, kv_heads, hd)
+            h = h + proj(i, "o", attention(q, k, v, causal).reshape(B, T, q_heads * hd))
+            x = norm(f"layers_{i}_mlp_norm", h)
+            h = h + proj(i, "down", jax.nn.silu(proj(i, "gate", x)) * proj(i, "up", x))
+        resid.append(h)
+        h = norm("final_norm", h)
+        if a.tie_embeddings:
+            W_head = embed.T
+        else:
+            W_head = hk.get_parameter("head", (a.d_model, a.vocab), init=normal)
+        logits = jnp.matmul(h, W_head, preferred_element_type=jnp.float32)
+        return logits, tuple(resid)
+
+
+def rms_norm(x: Float[Array, "*L d"], w: Float[Array, " d"], eps: float) -> Float[Array, "*L d"]:
+    """HF `LlamaRMSNorm`: normalize in fp32, cast back to the weight's dtype, scale."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return w * normed.astype(w.dtype)
+
+
+def rope_tables(
+    T: int, head_dim: int, base: float, dtype: DTypeLike
+) -> tuple[Float[Array, "T half"], Float[Array, "T half"]]:
+    """cos/sin of positions 0..T-1 at frequencies `1 / base^(2j / head_dim)`: numpy constants,
+    never parameters. Computed in fp32 as HF does (the angles the checkpoint was trained with)."""
+    inv_freq = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    angles = np.outer(np.arange(T, dtype=np.float32), inv_freq)
+    return jnp.asarray(np.cos(angles), dtype), jnp.asarray(np.sin(angles), dtype)
+
+
+def rope(
+    x: Float[Array, "B T H D"], cos: Float[Array, "T half"], sin: Float[Array, "T half"]
+) -> Float[Array, "B T H D"]:
+    """Rotate-half RoPE per head: `cat(x1·cos − x2·sin, x2·cos + x1·sin)` over the two halves."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def attention(
+    q: Float[Array, "B T H D"],
+    k: Float[Array, "B T KV D"],
+    v: Float[Array, "B T KV D"],
+    causal: Bool[Array, "T T"],
+) -> Float[Array, "B T H D"]:
+    """Causal grouped-query attention; query head `h` reads KV head `h // (H / KV)` (HF's
+    `repeat_kv` order), without materializing repeated keys. Scores and softmax in fp32."""
+    B, T, H, D = q.shape
+    KV = k.shape[2]
+    qg = q.reshape(B, T, KV, H // KV, D)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    scores = jnp.where(causal, scores / math.sqrt(D), _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H, D)

@@ -1,0 +1,110 @@
+"""Evaluation of a language-model decomposition (SPEC §13): KL and CE of the masked model against
+the clean one under CI, unmasked, stochastic, zero and adversarial masks; CI-L0 and alive counts."""
+
+from collections.abc import Callable
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, Key
+
+from pd.losses import kl
+from pd.state import TrainState
+from pd.targets.base import Output
+from pd.train.evaluate import ALIVE_THRESHOLD, site_max
+from pd.train.step import LiveSite, Metrics, Recipe, constant_source, persistent_source
+
+Tokens = Int[Array, "B T"]
+LMEvalFn = Callable[
+    [TrainState, hk.Params, Tokens, Key[Array, ""]],
+    tuple[Metrics, tuple[Float[Array, "_n _C"], ...]],
+]
+
+
+def next_token_ce(logits: Float[Array, "B T V"], tokens: Tokens) -> Float[Array, ""]:
+    """Mean cross-entropy of predicting token t + 1 from position t, in fp32."""
+    log_q = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(log_q, tokens[:, 1:, None], axis=-1)
+    return -jnp.mean(picked)
+
+
+def make_lm_eval_step(recipe: Recipe) -> LMEvalFn:
+    """Jitted `eval_step`: KL / CE per mask kind, CI-L0 per site, each site's max CI."""
+    table = recipe.table
+
+    def eval_step(
+        state: TrainState, frozen: hk.Params, tokens: Tokens, key: Key[Array, ""]
+    ) -> tuple[Metrics, tuple[Float[Array, "_n _C"], ...]]:
+        comps = state.components
+        ci, clean = recipe.ci(state.ci_params, comps, frozen, tokens)
+
+        def stochastic(name: str, ci: Float[Array, "*L C"]) -> Float[Array, "*L Cp1"]:
+            shape = (*ci.shape[:-1], ci.shape[-1] + 1)
+            return jax.random.uniform(jax.random.fold_in(key, table.index(name)), shape)
+
+        zero = {
+            name: LiveSite(
+                jnp.zeros_like(table.view(ci.lower, name)),
+                jnp.zeros(table.view(ci.lower, name).shape[:-1]),
+                None,
+            )
+            for name in table.names
+        }
+        outputs: dict[str, Output] = {
+            "ci_masked": recipe.all_live_output(
+                constant_source(0.0), frozen, tokens, comps, ci.lower
+            ),
+            "unmasked": recipe.all_live_output(
+                constant_source(1.0), frozen, tokens, comps, ci.lower
+            ),
+            "stochastic": recipe.all_live_output(stochastic, frozen, tokens, comps, ci.lower),
+            "zero_masked": recipe.masked_output(frozen, tokens, comps, zero),
+        }
+        if state.sources:
+            adversarial = persistent_source(table, state.sources)
+            outputs["adversarial"] = recipe.all_live_output(
+                adversarial, frozen, tokens, comps, ci.lower
+            )
+        metrics: Metrics = {"ce/clean": next_token_ce(clean, tokens)}
+        for kind, out in outputs.items():
+            metrics[f"kl/{kind}"] = kl(out, clean)
+            metrics[f"ce/{kind}"] = next_token_ce(out, tokens)
+        for name in table.names:
+            active = jnp.sum(table.view(ci.lower, name) > ALIVE_THRESHOLD, axis=-1)
+            metrics[f"ci_l0/{name}"] = jnp.mean(active.astype(jnp.float32))
+        return metrics, tuple(site_max(lower) for lower in ci.lower)
+
+    fn: LMEvalFn = jax.jit(eval_step)
+    return fn
+
+
+def evaluate_lm(
+    recipe: Recipe,
+    state: TrainState,
+    frozen: hk.Params,
+    batches: Callable[[int], Tokens],
+    key: Key[Array, ""],
+    n_batches: int,
+) -> dict[str, float]:
+    """The flat summary of a language-model decomposition over `n_batches` evaluation batches."""
+    eval_step = make_lm_eval_step(recipe)
+    sums: dict[str, float] = {}
+    ci_max = [np.zeros((len(g.names), g.C)) for g in recipe.table.groups]
+    for b in range(n_batches):
+        metrics, maxes = jax.device_get(
+            eval_step(state, frozen, batches(b), jax.random.fold_in(key, b))
+        )
+        for name, value in metrics.items():
+            sums[name] = sums.get(name, 0.0) + float(value) / n_batches
+        ci_max = [np.maximum(a, m) for a, m in zip(ci_max, maxes, strict=True)]
+    summary = dict(sums)
+    for name, mx in recipe.table.views(tuple(jnp.asarray(m) for m in ci_max)).items():
+        summary[f"alive/{name}"] = float(np.sum(np.asarray(mx) > ALIVE_THRESHOLD))
+    zero = summary["kl/zero_masked"]
+    summary["kl_ratio/ci_masked_vs_zero"] = summary["kl/ci_masked"] / max(zero, 1e-12)
+    # The acceptance bar of a language-model run: every site's mean CI-L0 below C / 4.
+    summary["ci_l0_over_C/max_site"] = max(
+        summary[f"ci_l0/{n}"] / recipe.table.spec(n).C for n in recipe.table.names
+    )
+    return summary

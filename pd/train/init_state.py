@@ -1,0 +1,74 @@
+"""The whole initial `TrainState` as one pure `(init_key, src_key) → state` function, jitted as
+`init_train_state` with every leaf's placement as `out_shardings` (SPEC §10, §11)."""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jaxtyping import Array, Key
+
+from pd.adversary import Sources, init_source_adam, init_sources, scope_shape
+from pd.ci import PerSiteCI
+from pd.ci.chunkwise import ChunkwiseCI
+from pd.init import init_ci_fn, init_vu
+from pd.shard import source_shardings, vu_shardings
+from pd.shard.ci import chunk_param_shardings
+from pd.shard.state import replicated, train_state_shardings
+from pd.state import TrainState
+from pd.train.step import Recipe
+
+
+def source_scope(recipe: Recipe) -> tuple[int, ...]:
+    adv = recipe.loss.adversary
+    return scope_shape(adv.scope, recipe.train.batch, recipe.seq_len)
+
+
+def initial_state(recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, ""]) -> TrainState:
+    """Stacked V/U, CI parameters, sources and every optimizer state (SPEC §9 key tree)."""
+    comps = init_vu(init_key, recipe.table)
+    ci_params = init_ci_fn(init_key, recipe.ci_fn)
+    sources: Sources = ()
+    if recipe.loss.adversary.coeff > 0:
+        # The adversarial term is term t = len(recon) in the source key tree (SPEC §9).
+        sources = init_sources(src_key, len(recipe.loss.recon), recipe.table, source_scope(recipe))
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        components=comps,
+        ci_params=ci_params,
+        opt_components=recipe.component_optimizer().init(comps),
+        opt_ci=recipe.ci_optimizer().init(ci_params),
+        sources=sources,
+        source_opt=init_source_adam(sources),
+    )
+
+
+def state_shardings(recipe: Recipe, mesh: Mesh) -> TrainState:
+    """Where every leaf lives: V/U ZeRO-style, CI weights on their wide axis (per-site MLPs are
+    small and replicated), sources by scope, optimizer moments like their parameters."""
+    key = jax.random.key(0)
+    abstract: TrainState = jax.eval_shape(lambda: initial_state(recipe, key, key))
+    ci_fn = recipe.ci_fn
+    if isinstance(ci_fn, ChunkwiseCI):
+        ci_params: object = chunk_param_shardings(ci_fn.transformer, mesh)
+    else:
+        assert isinstance(ci_fn, PerSiteCI)
+        ci_params = jax.tree.map(lambda _: replicated(mesh), abstract.ci_params)
+    sources: tuple[NamedSharding, ...] = ()
+    if abstract.sources:
+        per_example = recipe.loss.adversary.scope in ("bc", "bsc")
+        sources = source_shardings(recipe.table, source_scope(recipe), per_example, mesh)
+    return train_state_shardings(
+        abstract, vu_shardings(recipe.table, mesh), ci_params, sources, mesh
+    )
+
+
+def init_train_state(
+    recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, ""], mesh: Mesh | None = None
+) -> TrainState:
+    """The initial state, made under jit; on a mesh each device makes only its own shards."""
+
+    def init_train_state(init_key: Key[Array, ""], src_key: Key[Array, ""]) -> TrainState:
+        return initial_state(recipe, init_key, src_key)
+
+    out = None if mesh is None else state_shardings(recipe, mesh)
+    state: TrainState = jax.jit(init_train_state, out_shardings=out)(init_key, src_key)
+    return state

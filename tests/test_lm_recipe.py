@@ -1,0 +1,237 @@
+"""The language-model recipe: KL direction (S25), chunks(k) plans (S10), the adversarial term with
+fixed sources (S12), warmup and final ascents (S13, S14), traced frozen weights (S18) and
+device-count invariance (D4)."""
+
+import math
+import re
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jaxtyping import Array, Float
+
+from pd.adversary import SourceAdam, Sources, ascend
+from pd.ci import squash
+from pd.decompose import make_mask
+from pd.init import key_tree
+from pd.losses import kl, recon_plan
+from pd.state import Components, TrainState
+from pd.targets.base import as_toy
+from pd.targets.llama import Llama
+from pd.train import load_config
+from pd.train.config import RunConfig
+from pd.train.init_state import init_train_state, state_shardings
+from pd.train.run import make_batches, make_mesh_of, make_recipe
+from pd.train.schedule import schedule_value
+from pd.train.step import Metrics, Recipe, make_train_step
+
+TINY_LM = [
+    "C=4",
+    "target.vocab=16",
+    "target.d_model=16",
+    "target.n_heads=2",
+    "target.n_kv_heads=1",
+    "target.d_mlp=32",
+    "target.seq_len=8",
+    "target.corpus_tokens=5000",
+    "chunkwise.d_model=8",
+    "chunkwise.n_heads=2",
+    "chunkwise.mlp_hidden=16",
+    "train.batch=8",
+    "train.steps=50",
+]
+
+
+def _lm(overrides: list[str] | None = None) -> tuple[RunConfig, Recipe, hk.Params]:
+    """A tiny language-model recipe with randomly initialized frozen weights (no training)."""
+    config = load_config("tiny_llama", [*TINY_LM, *(overrides or [])])
+    recipe = make_recipe(config)
+    assert isinstance(recipe.target, Llama)
+    return config, recipe, recipe.target.init(jax.random.key(7))
+
+
+def test_s25_kl_is_clean_to_masked_and_hand_computed() -> None:
+    clean = jnp.log(jnp.asarray([[0.5, 0.5], [0.25, 0.75]]))
+    masked = jnp.log(jnp.asarray([[0.9, 0.1], [0.25, 0.75]]))
+    # KL(clean ‖ masked) per position, mean over the two positions (the second is 0).
+    expected = (0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)) / 2
+    reverse = (0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)) / 2
+    got = float(kl(masked, clean))
+    assert got == pytest.approx(expected, rel=1e-6)
+    assert abs(got - reverse) > 0.01  # the direction matters on this pair
+    _, recipe, _ = _lm()
+    assert recipe.divergence(masked, clean) == kl(masked, clean)
+
+
+def test_s10_chunks_plan_takes_sequential_groups_of_k_with_routing() -> None:
+    _, recipe, _ = _lm()
+    names = recipe.table.names
+    assert len(names) == 14
+    halves = recon_plan("chunks", recipe.table, 7)
+    assert [e.live for e in halves] == [names[:7], names[7:]]
+    assert all(e.routed for e in halves)
+    fives = recon_plan("chunks", recipe.table, 5)
+    assert [len(e.live) for e in fives] == [5, 5, 4]
+    assert sum((e.live for e in fives), ()) == names
+
+
+def test_p_anneals_from_2_to_0_4_over_the_run() -> None:
+    config, _, _ = _lm()
+    p = config.loss.p
+    assert float(schedule_value(p, config.train.steps, 0)) == pytest.approx(2.0)
+    assert float(schedule_value(p, config.train.steps, config.train.steps - 1)) == pytest.approx(
+        0.4
+    )
+
+
+def test_s12_adversarial_term_with_fixed_sources_is_hand_computed() -> None:
+    """TMS 5-2 with fixed V/U, CI and sources (no randomness) against NumPy."""
+    recipe = make_recipe(load_config("tms_5-2", ["C=3", "loss.adversary.coeff=1.0"]))
+    toy = as_toy(recipe.target)
+    rng = np.random.default_rng(0)
+    W1 = rng.normal(size=(5, 2)).astype(np.float32)
+    b = rng.normal(size=5).astype(np.float32)
+    frozen = toy.expand({"W1": jnp.asarray(W1), "b": jnp.asarray(b)})
+    x = rng.uniform(size=(4, 5)).astype(np.float32)
+    shapes = {"linear1": (5, 2), "linear2": (2, 5)}
+    V = {n: rng.normal(size=(d, 3)).astype(np.float32) for n, (d, _) in shapes.items()}
+    U = {n: rng.normal(size=(3, o)).astype(np.float32) for n, (_, o) in shapes.items()}
+    ci = {n: rng.uniform(size=(4, 3)).astype(np.float32) for n in shapes}
+    src = {n: rng.uniform(size=(1, 4)).astype(np.float32) for n in shapes}  # scope c: [1, C + 1]
+
+    table = recipe.table
+    comps = Components(
+        tuple(jnp.stack([V[n] for n in g.names]) for g in table.groups),
+        tuple(jnp.stack([U[n] for n in g.names]) for g in table.groups),
+    )
+    ci_lower = tuple(jnp.stack([ci[n] for n in g.names]) for g in table.groups)
+    sources = tuple(jnp.stack([src[n] for n in g.names]) for g in table.c_groups)
+    clean = toy.forward(frozen, jnp.asarray(x), lambda _, h, W: h @ W)
+    got = float(recipe.adversarial_recon(sources, frozen, jnp.asarray(x), comps, ci_lower, clean))
+
+    def site(n: str, h: np.ndarray, W: np.ndarray) -> np.ndarray:
+        mask = ci[n] + (1 - ci[n]) * src[n][:, :3]  # S1, broadcast over the batch
+        delta = src[n][:, 3:]
+        inner = h @ V[n]
+        out: np.ndarray = (inner * mask) @ U[n] + delta * (h @ W - inner @ U[n])
+        return out
+
+    h = site("linear1", x, W1)
+    out = np.maximum(site("linear2", h, W1.T) + b, 0.0)
+    ref = np.maximum((x @ W1) @ W1.T + b, 0.0)
+    assert got == pytest.approx(float(np.mean((out - ref) ** 2)), rel=1e-5)
+
+
+def _state_and_batch(
+    overrides: list[str],
+) -> tuple[RunConfig, Recipe, hk.Params, TrainState, Array, jax.Array]:
+    config, recipe, frozen = _lm(overrides)
+    init_key, src_key, run_key = key_tree(config.seed)
+    state = init_train_state(recipe, init_key, src_key)
+    x = make_batches(config, recipe, run_key, None)(0)
+    return config, recipe, frozen, state, x, run_key
+
+
+def _copy(state: TrainState) -> TrainState:
+    copied: TrainState = jax.tree.map(jnp.array, state)  # the step donates its input
+    return copied
+
+
+@pytest.mark.parametrize("n_warmup", [0, 2])
+def test_s13_s14_warmup_ascents_then_the_final_ascent_on_pre_update_parameters(
+    n_warmup: int,
+) -> None:
+    _, recipe, frozen, state, x, run_key = _state_and_batch(
+        ["loss.adversary.coeff=0.5", f"loss.adversary.n_warmup={n_warmup}"]
+    )
+    adv = recipe.loss.adversary
+    step = make_train_step(recipe)
+    # One step first, so that Adam's moments hold history: a first Adam step is ±lr whatever the
+    # gradient's size, which could not tell pre-update from post-update parameters apart.
+    state, _ = step(_copy(state), frozen, x, run_key)
+    comps = state.components
+    ci, clean = recipe.ci(state.ci_params, comps, frozen, x)
+    lr = schedule_value(adv.lr, recipe.train.steps, 1)
+
+    def ascents(
+        comps: Components, ci_lower: tuple[Float[Array, "..."], ...]
+    ) -> tuple[Sources, SourceAdam]:
+        sources, opt = state.sources, state.source_opt
+        for _ in range(n_warmup + 1):  # the warmups and the final ascent, one Adam state
+            g = jax.grad(recipe.adversarial_recon)(sources, frozen, x, comps, ci_lower, clean)
+            sources, opt = ascend(sources, opt, g, lr, adv.beta1, adv.beta2, adv.eps)
+        return sources, opt
+
+    expected, _ = ascents(comps, ci.lower)
+    new, _ = step(_copy(state), frozen, x, run_key)
+    assert int(new.source_opt.n_updates) == 2 * (n_warmup + 1)
+    for a, b in zip(new.sources, expected, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # With the post-update components the sources would differ: the test can tell them apart.
+    post = recipe.ci(new.ci_params, new.components, frozen, x)[0]
+    other, _ = ascents(new.components, post.lower)
+    assert any(not np.allclose(a, b, atol=1e-6) for a, b in zip(new.sources, other, strict=True))
+
+
+def test_s18_compiled_step_holds_no_large_constant() -> None:
+    """The frozen weights are an argument: no array of a weight's size is baked into the HLO."""
+    _, recipe, frozen, state, x, run_key = _state_and_batch([])
+    step = make_train_step(recipe)
+    text = step.lower(state, frozen, x, run_key).as_text()  # type: ignore[attr-defined]  # jit's lower
+    sizes = []
+    for shape in re.findall(
+        r"stablehlo\.constant dense<[^>]*>\s*:\s*tensor<([0-9x]+)x?[a-z]", text
+    ):
+        dims = [int(d) for d in shape.split("x") if d]
+        sizes.append(math.prod(dims))
+    smallest_weight = min(int(np.prod(w.shape)) for w in recipe.target.weights(frozen).values())
+    assert max(sizes, default=0) < smallest_weight
+
+
+def _trajectory(config: RunConfig, recipe: Recipe, frozen: hk.Params) -> list[Metrics]:
+    mesh = make_mesh_of(config)
+    init_key, src_key, run_key = key_tree(config.seed)
+    state = init_train_state(recipe, init_key, src_key, mesh)
+    shardings = None if mesh is None else state_shardings(recipe, mesh)
+    if mesh is not None:
+        from pd.shard.state import frozen_shardings
+
+        frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
+    step = make_train_step(recipe, shardings)
+    batches = make_batches(config, recipe, run_key, mesh)
+    out = []
+    for s in range(3):
+        state, metrics = step(state, frozen, batches(s), run_key)
+        out.append(jax.device_get(metrics))
+    if mesh is not None:
+        V0 = state.components.V[0]
+        assert len(V0.sharding.device_set) == 4  # really spread over the mesh
+    return out
+
+
+def test_d4_three_steps_on_1_and_4_devices_agree() -> None:
+    overrides = ["loss.adversary.scope=bsc", "loss.adversary.n_warmup=1"]
+    config1, recipe, frozen = _lm(overrides)
+    config4, _, _ = _lm([*overrides, "mesh.data=4"])
+    one = _trajectory(config1, recipe, frozen)
+    four = _trajectory(config4, make_recipe(config4), frozen)
+    for a, b in zip(one, four, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            x, y = float(a[k]), float(b[k])
+            assert abs(x - y) <= 1e-4 * abs(x) + 1e-7, (k, x, y)
+
+
+def test_ci_of_the_chunkwise_function_is_squashed_per_group() -> None:
+    _, recipe, frozen, state, x, _ = _state_and_batch([])
+    ci, clean = recipe.ci(state.ci_params, state.components, frozen, x)
+    assert clean.shape == (8, 8, 16)
+    assert [c.shape for c in ci.lower] == [(len(g.names), 8, 8, g.C) for g in recipe.table.groups]
+    again = squash(ci.logits)
+    for a, b in zip(again.lower, ci.lower, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    mask, delta = make_mask(ci.lower[0][0], jnp.zeros((8, 8, recipe.table.groups[0].C + 1)))
+    np.testing.assert_array_equal(np.asarray(mask), np.asarray(ci.lower[0][0]))
+    assert float(jnp.abs(delta).max()) == 0.0
