@@ -2,8 +2,10 @@
 fixed sources (S12), warmup and final ascents (S13, S14), traced frozen weights (S18) and
 device-count invariance (D4)."""
 
+import json
 import math
 import re
+from pathlib import Path
 
 import haiku as hk
 import jax
@@ -17,10 +19,12 @@ from pd.ci import squash
 from pd.decompose import make_mask
 from pd.init import key_tree
 from pd.losses import kl, recon_plan
+from pd.shard import ShardingError, make_mesh
 from pd.state import Components, TrainState
 from pd.targets.base import as_toy
 from pd.targets.llama import Llama
-from pd.train import load_config
+from pd.train import load_config, run
+from pd.train.compile_only import compile_only
 from pd.train.config import RunConfig
 from pd.train.init_state import init_train_state, state_shardings
 from pd.train.run import make_batches, make_mesh_of, make_recipe
@@ -235,3 +239,47 @@ def test_ci_of_the_chunkwise_function_is_squashed_per_group() -> None:
     mask, delta = make_mask(ci.lower[0][0], jnp.zeros((8, 8, recipe.table.groups[0].C + 1)))
     np.testing.assert_array_equal(np.asarray(mask), np.asarray(ci.lower[0][0]))
     assert float(jnp.abs(delta).max()) == 0.0
+
+
+def test_a_language_model_run_from_a_token_file(tmp_path: Path) -> None:
+    """End to end on a tiny budget: the token-file path, LM evaluation, the run folder."""
+    tokens = np.random.default_rng(0).integers(0, 16, size=4000).astype(np.uint16)
+    np.save(tmp_path / "tokens.npy", tokens)
+    config = load_config(
+        "tiny_llama",
+        [
+            *TINY_LM,
+            f'target.tokens="{tmp_path / "tokens.npy"}"',
+            "target.train_steps=20",
+            "train.steps=4",
+            "train.log_every=2",
+            "train.faith_warmup_steps=3",
+            "eval.n_samples=16",
+            "eval.batch=8",
+        ],
+    )
+    result = run(config, tmp_path / "run")
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    for kind in ("ci_masked", "unmasked", "stochastic", "zero_masked", "adversarial"):
+        assert math.isfinite(summary[f"kl/{kind}"]) and summary[f"kl/{kind}"] >= 0.0, kind
+        assert math.isfinite(summary[f"ce/{kind}"]), kind
+    assert summary["kl_ratio/ci_masked_vs_zero"] == pytest.approx(
+        summary["kl/ci_masked"] / summary["kl/zero_masked"]
+    )
+    assert {f"ci_l0/{n}" for n in result.recipe.table.names} <= summary.keys()
+    assert (result.run_dir / "ci_sequence.png").read_bytes()[:4] == b"\x89PNG"
+    compiled = json.loads((result.run_dir / "compile.json").read_text())
+    assert {"init_train_state", "train_step", "eval_step"} <= compiled.keys()
+
+
+def test_compile_only_lowers_init_and_step_on_abstract_inputs() -> None:
+    config = load_config("tiny_llama", [*TINY_LM, "mesh.data=4"])
+    times = compile_only(config)
+    for name in ("init_train_state", "train_step"):
+        assert times.by_name[name]["compile_s"] > 0.0, name
+
+
+def test_a_mesh_that_does_not_divide_stops_before_compiling() -> None:
+    config = load_config("tiny_llama", [*TINY_LM, "target.d_mlp=30", "mesh.data=4"])
+    with pytest.raises(ShardingError, match=r"axis 'd_in' of size 30 does not divide"):
+        state_shardings(make_recipe(config), make_mesh({"data": 4, "model": 1}))

@@ -21,7 +21,7 @@ from pd.ci import CIFunction, PerSiteCI
 from pd.ci.chunkwise import chunkwise_ci
 from pd.compile_times import CompileTimes, recording
 from pd.init import key_tree
-from pd.shard import ShardingError, global_batch, make_mesh
+from pd.shard import ShardingError, global_batch, initialize_distributed, make_mesh
 from pd.shard.state import frozen_shardings
 from pd.state import TrainState
 from pd.targets.base import Batch, as_toy
@@ -190,6 +190,9 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
     """Decompose the configured target end to end and write the run folder."""
     run_dir = Path(out) if out is not None else Path("runs") / config.name
     recipe = make_recipe(config)  # validates the site specs before anything is written
+    if config.distributed.coordinator:  # before anything starts a jax backend
+        d = config.distributed
+        initialize_distributed(d.coordinator, d.num_processes, d.process_id)
     mesh = make_mesh_of(config)
     shardings = None if mesh is None else state_shardings(recipe, mesh)  # divisibility, early
     prepare_run_dir(run_dir, overwrite)
