@@ -1,30 +1,39 @@
 """Logging setup for entry points: once, idempotent, never silencing other libraries' loggers."""
 
 import logging
-import logging.config
+import sys
+from typing import TextIO
 
 _HANDLER_NAME = "pd"
 
 
+class StderrHandler(logging.StreamHandler[TextIO]):
+    """Writes to whatever `sys.stderr` is when a record arrives: test runners and notebooks swap
+    the stream, and a handler holding a closed one would fail at exit."""
+
+    @property  # a read-through view of sys.stderr, not a stored stream
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        del value
+
+
 def setup_logging(level: int = logging.INFO) -> None:
-    """Attach one stderr handler to the root logger (again: no-op); jax's loggers keep working."""
+    """Attach one stderr handler to the root logger (again: no-op); jax's loggers keep working.
+
+    The handler is added, not configured through `logging.config.dictConfig`: that call closes
+    every existing handler (a test runner's or a notebook's) and, by default, disables every
+    logger created so far, jax's included.
+    """
     root = logging.getLogger()
     if any(h.get_name() == _HANDLER_NAME for h in root.handlers):
         return
-    logging.config.dictConfig(
-        {
-            "version": 1,
-            # dictConfig's default True disables every logger created so far, jax's included.
-            "disable_existing_loggers": False,
-            "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-            "handlers": {
-                _HANDLER_NAME: {
-                    "class": "logging.StreamHandler",
-                    "formatter": "plain",
-                    "level": level,
-                }
-            },
-            "root": {"handlers": [_HANDLER_NAME], "level": level},
-        }
-    )
+    handler = StderrHandler()
+    handler.set_name(_HANDLER_NAME)
+    handler.setLevel(level)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
     logging.getLogger("jax").setLevel(logging.WARNING)

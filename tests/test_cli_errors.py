@@ -107,3 +107,28 @@ def test_exit_status_from_the_command_line(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "'no_such_preset' is neither a preset nor a config file" in proc.stderr
+
+
+def test_language_model_inputs_are_checked_before_anything_is_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A missing token file, a missing checkpoint, a non-dividing mesh and a chunkwise CI
+    function on a toy each stop with one sentence; an existing run folder is left intact."""
+    existing = tmp_path / "run"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("results")
+    missing = tmp_path / "tokens.npy"
+    cases = [
+        (["--set", f'target.tokens="{missing}"'], str(missing)),
+        (["--set", f'target.checkpoint="{tmp_path / "ckpt"}"'], "does not exist"),
+        (["--set", "mesh.data=3"], "does not divide"),
+    ]
+    for extra, needle in cases:
+        _fails(["tiny_llama", "--overwrite", *extra], capsys, existing, needle)
+        assert (existing / "keep.txt").read_text() == "results"
+    _fails(
+        ["tms_5-2", "--set", 'ci_fn="chunkwise_transformer"'],
+        capsys,
+        tmp_path / "toy",
+        "needs a language-model target",
+    )

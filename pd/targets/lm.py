@@ -65,6 +65,7 @@ def _corpus(vocab: int, n_tokens: int) -> tuple[TokenSource, float]:
     return synthetic_corpus(CORPUS_SEED, vocab, n_tokens)
 
 
+@cache  # the vocab check is one pass over the file: once per config
 def token_source(cfg: LlamaConfig) -> TokenSource:
     """The token file of the config, or the built-in synthetic corpus; ids checked against vocab."""
     if cfg.tokens:

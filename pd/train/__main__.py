@@ -37,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     setup_logging()
-    result = run(config, out, overwrite=args.overwrite)
+    try:
+        result = run(config, out, overwrite=args.overwrite)
+    except ConfigError as err:  # found once the target or data is opened, before any compile
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(summary_table(result.summary))
     print(result.compile_times.table())
     print(f"run folder: {result.run_dir}")

@@ -44,8 +44,10 @@ def initial_state(recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, 
 def state_shardings(recipe: Recipe, mesh: Mesh) -> TrainState:
     """Where every leaf lives: V/U ZeRO-style, CI weights on their wide axis (per-site MLPs are
     small and replicated), sources by scope, optimizer moments like their parameters."""
-    key = jax.random.key(0)
-    abstract: TrainState = jax.eval_shape(lambda: initial_state(recipe, key, key))
+    # Keys made inside eval_shape: nothing is computed or compiled.
+    abstract: TrainState = jax.eval_shape(
+        lambda: initial_state(recipe, jax.random.key(0), jax.random.key(1))
+    )
     ci_fn = recipe.ci_fn
     if isinstance(ci_fn, ChunkwiseCI):
         ci_params: object = chunk_param_shardings(ci_fn.transformer, mesh)

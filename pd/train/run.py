@@ -20,12 +20,14 @@ from tqdm import tqdm
 from pd.ci import CIFunction, PerSiteCI
 from pd.ci.chunkwise import chunkwise_ci
 from pd.compile_times import CompileTimes, recording
+from pd.data import DataError
 from pd.init import key_tree
 from pd.shard import ShardingError, global_batch, initialize_distributed, make_mesh
 from pd.shard.state import frozen_shardings
 from pd.state import TrainState
 from pd.targets.base import Batch, as_toy
 from pd.targets.configs import LlamaConfig
+from pd.targets.hf import CheckpointError
 from pd.targets.llama import Llama
 from pd.targets.lm import build_target, load_frozen, token_source
 from pd.train import checkpoint
@@ -194,17 +196,28 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
         d = config.distributed
         initialize_distributed(d.coordinator, d.num_processes, d.process_id)
     mesh = make_mesh_of(config)
-    shardings = None if mesh is None else state_shardings(recipe, mesh)  # divisibility, early
-    prepare_run_dir(run_dir, overwrite)
-    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+    try:
+        # Divisibility and the token file are checked before anything is written or compiled.
+        shardings = None if mesh is None else state_shardings(recipe, mesh)
+        if isinstance(config.target, LlamaConfig):
+            token_source(config.target)
+    except (ShardingError, DataError) as err:
+        raise ConfigError(str(err)) from None
+    if run_dir.exists() and not overwrite:
+        prepare_run_dir(run_dir, overwrite)  # raises: an existing folder is never touched
     if config.compile.cache_dir:
         set_option: Callable[[str, object], None] = jax.config.update  # unannotated upstream
         set_option("jax_compilation_cache_dir", config.compile.cache_dir)
         set_option("jax_persistent_cache_min_compile_time_secs", config.compile.min_compile_secs)
     t0 = time.perf_counter()
     with recording() as compile_times:
-        trained = load_frozen(config.target, recipe.target)
+        try:  # a bad checkpoint stops the run before the old run folder is replaced
+            trained = load_frozen(config.target, recipe.target)
+        except CheckpointError as err:
+            raise ConfigError(str(err)) from None
         log.info("target ready (%s)", trained.describe())
+        prepare_run_dir(run_dir, overwrite)
+        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
         frozen = trained.params
         if mesh is not None:
             frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
