@@ -13,7 +13,7 @@ from pd.shard.state import frozen_shardings, replicated
 from pd.targets.configs import LlamaConfig
 from pd.targets.llama import Llama
 from pd.train.config import ConfigError, RunConfig
-from pd.train.init_state import initial_state, state_shardings
+from pd.train.init_state import jitted_init, state_shardings
 from pd.train.run import make_recipe
 from pd.train.step import make_train_step
 
@@ -52,13 +52,9 @@ def compile_only(config: RunConfig) -> CompileTimes:
         (B, T), jnp.int32, sharding=named_sharding("batch", (B, T), ("batch", None), mesh)
     )
     with recording() as times:
-
-        def init_train_state(init_key: jax.Array, src_key: jax.Array) -> object:
-            return initial_state(recipe, init_key, src_key)
-
-        jax.jit(init_train_state, out_shardings=shardings).trace(key, key).lower().compile()
-        state_shape = jax.eval_shape(init_train_state, key, key)
-        state = abstract(state_shape, shardings)
+        init = jitted_init(recipe, mesh)
+        init.trace(key, key).lower().compile()  # type: ignore[attr-defined]  # jit's AOT API
+        state = abstract(jax.eval_shape(init, key, key), shardings)
         step = make_train_step(recipe, shardings)
         step.trace(state, frozen, batch, key).lower().compile()  # type: ignore[attr-defined]  # jit's AOT API
     return times

@@ -1,6 +1,8 @@
 """The whole initial `TrainState` as one pure `(init_key, src_key) → state` function, jitted as
 `init_train_state` with every leaf's placement as `out_shardings` (SPEC §10, §11)."""
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
@@ -63,14 +65,22 @@ def state_shardings(recipe: Recipe, mesh: Mesh) -> TrainState:
     )
 
 
-def init_train_state(
-    recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, ""], mesh: Mesh | None = None
-) -> TrainState:
-    """The initial state, made under jit; on a mesh each device makes only its own shards."""
+InitFn = Callable[[Key[Array, ""], Key[Array, ""]], TrainState]
+
+
+def jitted_init(recipe: Recipe, mesh: Mesh | None) -> InitFn:
+    """`init_train_state` under jit; on a mesh, with every leaf's placement as out_shardings."""
 
     def init_train_state(init_key: Key[Array, ""], src_key: Key[Array, ""]) -> TrainState:
         return initial_state(recipe, init_key, src_key)
 
     out = None if mesh is None else state_shardings(recipe, mesh)
-    state: TrainState = jax.jit(init_train_state, out_shardings=out)(init_key, src_key)
-    return state
+    fn: InitFn = jax.jit(init_train_state, out_shardings=out)
+    return fn
+
+
+def init_train_state(
+    recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, ""], mesh: Mesh | None = None
+) -> TrainState:
+    """The initial state, made under jit; on a mesh each device makes only its own shards."""
+    return jitted_init(recipe, mesh)(init_key, src_key)
