@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from jaxtyping import Array, Float
 
+import pd
 from pd.adversary import SourceAdam, Sources, ascend
 from pd.ci import squash
 from pd.decompose import make_mask
@@ -270,6 +271,13 @@ def test_a_language_model_run_from_a_token_file(tmp_path: Path) -> None:
     assert (result.run_dir / "ci_sequence.png").read_bytes()[:4] == b"\x89PNG"
     compiled = json.loads((result.run_dir / "compile.json").read_text())
     assert {"init_train_state", "train_step", "eval_step"} <= compiled.keys()
+    loaded = pd.load(result.run_dir)  # config.json round-trips, kind_C zeros included
+    ci = loaded.ci(jnp.zeros((2, 8), jnp.int32))
+    assert ci["layers.1.mlp.down"].shape == (2, 8, 4)
+    np.testing.assert_allclose(
+        np.asarray(loaded.V["layers.0.attn.q"]),
+        np.asarray(result.recipe.table.view(result.state.components.V, "layers.0.attn.q")),
+    )
 
 
 def test_compile_only_lowers_init_and_step_on_abstract_inputs() -> None:

@@ -174,8 +174,10 @@ def _check_scalar(path: str, value: object, tp: object) -> object:
         raise ConfigError(
             f"config key '{path}' is {value!r} ({type(value).__name__}), expected {_describe(tp)}"
         )
-    if tp is int and not (value >= 0 if name in _NON_NEGATIVE_INTS else value > 0):  # type: ignore[operator]  # value is an int here
-        word = "a non-negative" if name in _NON_NEGATIVE_INTS else "a positive"
+    # A kind's C of 0 takes the run's C.
+    may_be_zero = name in _NON_NEGATIVE_INTS or path.startswith("target.kind_C.")
+    if tp is int and not (value >= 0 if may_be_zero else value > 0):  # type: ignore[operator]  # value is an int here
+        word = "a non-negative" if may_be_zero else "a positive"
         raise ConfigError(f"config key '{path}' is {value!r}, expected {word} integer")
     if tp is float:
         value = float(value)  # type: ignore[arg-type]  # checked to be int | float above
