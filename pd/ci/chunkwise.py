@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import Array, Float, Key
 
 from pd.ci import CI, GroupParams, Taps, squash
+from pd.rope import rope, rope_tables
 from pd.sites import SiteTable
 
 ROPE_BASE = 10000.0
@@ -74,8 +75,6 @@ class ChunkwiseTransformer:
         """One chunk: `[B, T, input_dim]` → per-slot logits `[B, T, C_j]`."""
         d, heads, slot_C = self.d_model, self.n_heads, self.slot_C
         head_dim = d // heads
-        # S27: a constant shared by every chunk, never a parameter.
-        inv_freq = 1.0 / ROPE_BASE ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
 
         def linear(name: str, h: Array, n_out: int, std: float, bias: bool) -> Array:
             w = hk.get_parameter(name, (h.shape[-1], n_out), init=hk.initializers.RandomNormal(std))
@@ -87,8 +86,8 @@ class ChunkwiseTransformer:
         def forward(h: Float[Array, "B T input_dim"]) -> tuple[Float[Array, "B T _C"], ...]:
             h = linear("w_in", h, d, math.sqrt(2.0 / h.shape[-1]), bias=True)
             T = h.shape[-2]
-            angles = np.arange(T, dtype=np.float32)[:, None] * inv_freq[None, :]
-            cos, sin = jnp.asarray(np.cos(angles)), jnp.asarray(np.sin(angles))
+            # S27: a constant shared by every chunk, never a parameter.
+            cos, sin = rope_tables(T, head_dim, ROPE_BASE, jnp.float32)
             qkv_init = hk.initializers.RandomUniform(-1 / math.sqrt(d), 1 / math.sqrt(d))
             for i in range(self.n_blocks):
                 with hk.name_scope(f"block_{i}"):
@@ -177,16 +176,6 @@ def rms_norm(x: Float[Array, "*L d"]) -> Float[Array, "*L d"]:
     x32 = x.astype(jnp.float32)
     eps = float(np.finfo(np.float32).eps)
     return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-
-
-def rope(
-    x: Float[Array, "B T H D"], cos: Float[Array, "T half"], sin: Float[Array, "T half"]
-) -> Float[Array, "B T H D"]:
-    """Rotate-half RoPE."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
 def layer_chunks(table: SiteTable, layers_per_chunk: int) -> tuple[Chunk, ...]:

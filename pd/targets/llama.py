@@ -25,9 +25,9 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.typing import DTypeLike
 from jaxtyping import Array, Bool, Float, Int, Key
 
+from pd.rope import rope, rope_tables
 from pd.sites import SiteSpec, SiteTable
 from pd.targets.base import Divergence, SiteHook, Taps, frozen_site, site_input_taps
 
@@ -232,26 +232,6 @@ def rms_norm(x: Float[Array, "*L d"], w: Float[Array, " d"], eps: float) -> Floa
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return w * normed.astype(w.dtype)
-
-
-def rope_tables(
-    T: int, head_dim: int, base: float, dtype: DTypeLike
-) -> tuple[Float[Array, "T half"], Float[Array, "T half"]]:
-    """cos/sin of positions 0..T-1 at frequencies `1 / base^(2j / head_dim)`: numpy constants,
-    never parameters. Computed in fp32 as HF does (the angles the checkpoint was trained with)."""
-    inv_freq = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
-    angles = np.outer(np.arange(T, dtype=np.float32), inv_freq)
-    return jnp.asarray(np.cos(angles), dtype), jnp.asarray(np.sin(angles), dtype)
-
-
-def rope(
-    x: Float[Array, "B T H D"], cos: Float[Array, "T half"], sin: Float[Array, "T half"]
-) -> Float[Array, "B T H D"]:
-    """Rotate-half RoPE per head: `cat(x1·cos − x2·sin, x2·cos + x1·sin)` over the two halves."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
 def attention(
