@@ -18,8 +18,24 @@ class TargetTraining:
     max_attempts: int = 8
 
 
+class TrainsInProcess:
+    """`training` of a target config whose model pd trains itself (the fields are the config's)."""
+
+    train_steps: int
+    train_batch: int
+    train_lr: float
+    train_cosine: bool
+    max_attempts: int
+
+    @property
+    def training(self) -> TargetTraining:
+        return TargetTraining(
+            self.train_steps, self.train_batch, self.train_lr, self.train_cosine, self.max_attempts
+        )
+
+
 @dataclass(frozen=True)
-class TMSConfig:
+class TMSConfig(TrainsInProcess):
     kind: Literal["tms"] = "tms"
     n_features: int = 5
     n_hidden: int = 2
@@ -35,15 +51,9 @@ class TMSConfig:
     def build(self, C: int) -> TMS:
         return TMS(self.n_features, self.n_hidden, self.n_identity, self.feature_prob, C)
 
-    @property
-    def training(self) -> TargetTraining:
-        return TargetTraining(
-            self.train_steps, self.train_batch, self.train_lr, self.train_cosine, self.max_attempts
-        )
-
 
 @dataclass(frozen=True)
-class ResidMLPConfig:
+class ResidMLPConfig(TrainsInProcess):
     kind: Literal["resid_mlp"] = "resid_mlp"
     n_features: int = 100
     d_embed: int = 1000
@@ -60,12 +70,6 @@ class ResidMLPConfig:
     def build(self, C: int) -> ResidMLP:
         return ResidMLP(
             self.n_features, self.d_embed, self.d_mlp, self.n_layers, self.feature_prob, C
-        )
-
-    @property
-    def training(self) -> TargetTraining:
-        return TargetTraining(
-            self.train_steps, self.train_batch, self.train_lr, self.train_cosine, self.max_attempts
         )
 
 
@@ -87,7 +91,7 @@ class KindC:
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(TrainsInProcess):
     """A Llama-style language model: loaded from a local Hugging Face directory (`checkpoint`),
     or, when that is empty, built from the sizes below and trained in-process on `tokens` (a
     `.npy` / `.bin` token file) or, when that is empty too, on the built-in synthetic corpus."""
@@ -115,12 +119,6 @@ class LlamaConfig:
     train_lr: float = 3e-3
     train_cosine: bool = True
     max_attempts: int = 2
-
-    @property
-    def training(self) -> TargetTraining:
-        return TargetTraining(
-            self.train_steps, self.train_batch, self.train_lr, self.train_cosine, self.max_attempts
-        )
 
 
 TargetConfig = TMSConfig | ResidMLPConfig | LlamaConfig
