@@ -8,6 +8,7 @@ import jax
 import pytest
 
 from pd.train.__main__ import main
+from pd.train.rundir import MARKER
 
 _compiles: list[str] = []
 
@@ -98,6 +99,30 @@ def test_existing_run_folder_is_refused_and_kept(
     assert (run_dir / "summary.json").read_text() == "{}"
 
 
+@pytest.mark.parametrize("name", ["..", "", ".", "a/b", "../up"])
+def test_run_names_that_are_not_one_folder_name_are_refused(
+    name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    keep = tmp_path / "keep.txt"
+    keep.write_text("results")
+    _fails(
+        ["tms_5-2", "--set", f"name={name!r}", "--overwrite"],
+        capsys,
+        tmp_path / "run",
+        "config key 'name'",
+        repr(name),
+    )
+    assert keep.read_text() == "results" and sorted(tmp_path.iterdir()) == [keep]
+
+
+def test_overwrite_refuses_a_folder_pd_did_not_make(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    _fails(["tms_5-2", "--overwrite"], capsys, tmp_path, "not a pd run folder", ".pd-run")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_exit_status_from_the_command_line(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pd.train", "no_such_preset", "--out", str(tmp_path / "r")],
@@ -117,6 +142,7 @@ def test_language_model_inputs_are_checked_before_anything_is_written(
     existing = tmp_path / "run"
     existing.mkdir()
     (existing / "keep.txt").write_text("results")
+    (existing / MARKER).write_text("")  # a finished pd run, which --overwrite may replace
     missing = tmp_path / "tokens.npy"
     cases = [
         (["--set", f'target.tokens="{missing}"'], str(missing)),

@@ -1,6 +1,8 @@
 """End to end on a tiny budget: the run folder, `pd.load`, the step's purity (S18), I1 for V/U."""
 
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -82,6 +84,24 @@ def test_load_gives_typed_views_and_masked_forwards(tiny_run: RunResult) -> None
         np.asarray(decomposition.clean(x)),
         atol=1e-5,
     )
+
+
+def test_overwrite_by_a_failing_run_keeps_the_old_run(
+    tiny_run: RunResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = tmp_path / "old"
+    shutil.copytree(tiny_run.run_dir, old)
+    before = {p.name: p.read_bytes() for p in old.iterdir()}
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt  # Ctrl-C in the middle of training
+
+    # `pd.train.run` the attribute is the function; the module is in sys.modules.
+    monkeypatch.setattr(sys.modules["pd.train.run"], "_train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny_run.config, old, overwrite=True)
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
 
 
 def test_load_refuses_a_corrupt_checkpoint(tiny_run: RunResult, tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ import jax
 
 from pd.log import setup_logging
 from pd.train.config import ConfigError, RunConfig, load_config, preset_names
-from pd.train.run import prepare_run_dir, run, summary_table
+from pd.train.run import run, summary_table
+from pd.train.rundir import check_destination
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,8 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.compile_only:
             return _compile_only(config)
         out = args.out if args.out is not None else Path("runs") / config.name
-        if out.exists() and not args.overwrite:
-            prepare_run_dir(out, overwrite=False)  # raises the one-sentence error
+        check_destination(out, args.overwrite)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

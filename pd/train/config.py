@@ -6,6 +6,7 @@ what was expected; it is raised before anything is compiled or written.
 
 import dataclasses
 import difflib
+import re
 import tomllib
 import types
 import typing
@@ -238,10 +239,24 @@ def _build(tp: object, value: object, path: str) -> object:
     return _check_scalar(path, value, tp)
 
 
+_RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def check_name(name: str) -> None:
+    """A run name is one path component (it names a folder under runs/): letters, digits and
+    `._-`, and not `.` or `..`."""
+    if not _RUN_NAME.fullmatch(name) or name in (".", ".."):
+        raise ConfigError(
+            f"config key 'name' is {name!r}, expected one folder name of letters, digits, "
+            "'.', '_' and '-' (not '.' or '..')"
+        )
+
+
 def from_dict(data: dict[str, object]) -> RunConfig:
     """A validated RunConfig from a nested dict (as parsed from TOML)."""
     config = _build(RunConfig, data, "")
     assert isinstance(config, RunConfig)
+    check_name(config.name)
     if config.loss.p.warmup_pct > 0:
         raise ConfigError(
             f"config key 'loss.p.warmup_pct' is {config.loss.p.warmup_pct!r}, expected 0 "

@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import logging
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -31,10 +30,11 @@ from pd.targets.hf import CheckpointError
 from pd.targets.llama import Llama
 from pd.targets.lm import build_target, load_frozen, token_source
 from pd.train import checkpoint
-from pd.train.config import ConfigError, RunConfig
+from pd.train.config import ConfigError, RunConfig, check_name
 from pd.train.evaluate import evaluate, make_eval_step
 from pd.train.evaluate_lm import evaluate_lm
 from pd.train.init_state import init_train_state, state_shardings
+from pd.train.rundir import check_destination, staged
 from pd.train.step import (
     Recipe,
     batch_key,
@@ -124,17 +124,6 @@ def make_batches(
     )
 
 
-def prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
-    """Create the run folder; an existing one is refused unless `overwrite` (nothing is lost)."""
-    if run_dir.exists() and not overwrite:
-        raise ConfigError(
-            f"run folder '{run_dir}' already exists, expected a new folder (or pass --overwrite)"
-        )
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-
-
 def _train(
     recipe: Recipe,
     state: TrainState,
@@ -189,7 +178,13 @@ def _evaluate(
 
 
 def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> RunResult:
-    """Decompose the configured target end to end and write the run folder."""
+    """Decompose the configured target end to end and write the run folder.
+
+    The folder appears only when the run has finished (`pd.train.rundir.staged`): a failing or
+    interrupted run writes nothing to `out` and, with `overwrite`, leaves the old run there.
+    """
+    if out is None:
+        check_name(config.name)  # the name becomes a path
     run_dir = Path(out) if out is not None else Path("runs") / config.name
     recipe = make_recipe(config)  # validates the site specs before anything is written
     if config.distributed.coordinator:  # before anything starts a jax backend
@@ -203,41 +198,40 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
             token_source(config.target)
     except (ShardingError, DataError) as err:
         raise ConfigError(str(err)) from None
-    if run_dir.exists() and not overwrite:
-        prepare_run_dir(run_dir, overwrite)  # raises: an existing folder is never touched
+    check_destination(run_dir, overwrite)
     if config.compile.cache_dir:
         set_option: Callable[[str, object], None] = jax.config.update  # unannotated upstream
         set_option("jax_compilation_cache_dir", config.compile.cache_dir)
         set_option("jax_persistent_cache_min_compile_time_secs", config.compile.min_compile_secs)
     t0 = time.perf_counter()
     with recording() as compile_times:
-        try:  # a bad checkpoint stops the run before the old run folder is replaced
+        try:  # a bad checkpoint stops the run before any folder is made
             trained = load_frozen(config.target, recipe.target)
         except CheckpointError as err:
             raise ConfigError(str(err)) from None
         log.info("target ready (%s)", trained.describe())
-        prepare_run_dir(run_dir, overwrite)
-        (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
-        frozen = trained.params
-        if mesh is not None:
-            frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
-        init_key, src_key, run_key = key_tree(config.seed)
-        state = init_train_state(recipe, init_key, src_key, mesh)
-        if config.train.faith_warmup_steps > 0:
-            state = state._replace(components=faith_warmup(recipe, state.components, frozen))
-        batches = make_batches(config, recipe, run_key, mesh)
-        state = _train(recipe, state, frozen, batches, run_key, run_dir, shardings)
-        checkpoint.save(run_dir / "decomposition.npz", (state.components, state.ci_params))
-        summary = _evaluate(config, recipe, state, frozen, batches, run_key)
-    summary["target/attempt"] = float(trained.attempt)
-    summary["target/loss"] = trained.loss
-    summary["time/total_s"] = time.perf_counter() - t0
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-    compile_times.write(run_dir / "compile.json")
-    if config.eval.figures:
-        from pd.train.figures import write_figures  # matplotlib is imported only when drawing
+        with staged(run_dir, overwrite) as tmp_dir:
+            (tmp_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+            frozen = trained.params
+            if mesh is not None:
+                frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
+            init_key, src_key, run_key = key_tree(config.seed)
+            state = init_train_state(recipe, init_key, src_key, mesh)
+            if config.train.faith_warmup_steps > 0:
+                state = state._replace(components=faith_warmup(recipe, state.components, frozen))
+            batches = make_batches(config, recipe, run_key, mesh)
+            state = _train(recipe, state, frozen, batches, run_key, tmp_dir, shardings)
+            checkpoint.save(tmp_dir / "decomposition.npz", (state.components, state.ci_params))
+            summary = _evaluate(config, recipe, state, frozen, batches, run_key)
+            summary["target/attempt"] = float(trained.attempt)
+            summary["target/loss"] = trained.loss
+            summary["time/total_s"] = time.perf_counter() - t0
+            (tmp_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+            compile_times.write(tmp_dir / "compile.json")
+            if config.eval.figures:
+                from pd.train.figures import write_figures  # matplotlib only when drawing
 
-        write_figures(recipe, state, frozen, batches(EVAL_FOLD), run_dir)
+                write_figures(recipe, state, frozen, batches(EVAL_FOLD), tmp_dir)
     return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe)
 
 
