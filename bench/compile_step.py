@@ -1,8 +1,15 @@
-"""Compile-only seconds of `train_step` (and `init_train_state`) at the Llama-3-8B production shape
-(`llama8b_full`) on 8 simulated CPU devices, over a number of layers — the pull request's
-`jit_step` attribution, reproduced on CPU. Nothing is allocated.
+"""Compile-only seconds and FLOPs of `train_step` (and `init_train_state`) at the Llama-3-8B
+production shape (`llama8b_full`) on 8 simulated CPU devices, over a number of layers — the pull
+request's `jit_step` attribution, reproduced on CPU. Nothing is allocated.
 
-    python bench/compile_step.py [--layers 1,4,32]
+    python bench/compile_step.py [--layers 4,8,32]
+
+The step scans one layer body over layer-stacked weights, so its compile should not grow with
+depth; the unrolled step it replaced is not kept (it would be a second implementation of every
+pass): its figures, measured with this benchmark at the commit before the scan, are in the
+README. FLOPs are XLA's cost analysis of the compiled program, per device; XLA counts a
+`while` loop's body once and a conditional as its most expensive branch, so the figure is the
+work of one layer of each pass, not of the whole step (see the README).
 """
 
 import os
@@ -24,24 +31,24 @@ from pd.train.config import load_config
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", default="1,4,32")
+    parser.add_argument("--layers", default="4,8,32")
     args = parser.parse_args()
     print(f"{jax.device_count()} simulated devices; llama8b_full, 7 sites and 1 CI chunk per layer")
-    header = (
-        f"{'layers':>6} {'sites':>5}  {'jit':<17} {'trace s':>8} {'lower s':>8} {'compile s':>9}"
+    print(
+        f"{'layers':>6} {'sites':>5}  {'jit':<17} {'trace s':>8} {'lower s':>8} "
+        f"{'compile s':>9} {'TFLOP/dev':>10}"
     )
-    print(header)
     clear_caches: Callable[[], None] = jax.clear_caches  # unannotated upstream
     for n in (int(v) for v in args.layers.split(",")):
         clear_caches()  # each shape compiles from scratch
         t0 = time.perf_counter()
-        times = compile_only(load_config("llama8b_full", [f"target.n_layers={n}"]))
+        times, flops = compile_only(load_config("llama8b_full", [f"target.n_layers={n}"]))
         wall = time.perf_counter() - t0
         for name in ("init_train_state", "train_step"):
             r = times.by_name[name]
             print(
                 f"{n:>6} {7 * n:>5}  {name:<17} {r['trace_s']:8.2f} {r['lower_s']:8.2f} "
-                f"{r['compile_s']:9.2f}",
+                f"{r['compile_s']:9.2f} {flops[name] / 1e12:10.3f}",
                 flush=True,
             )
         print(f"{'':>6} {'':>5}  {'(wall, all)':<17} {wall:8.2f}", flush=True)

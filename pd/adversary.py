@@ -1,12 +1,14 @@
-"""Persistent adversarial sources: stacked per C group, ascended by Adam with a clamp (SPEC §6)."""
+"""Persistent adversarial sources: stacked per C group, ascended by optax's Adam and projected
+onto [0, 1] (SPEC §6)."""
 
 from functools import partial
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import optax
 from jax.typing import DTypeLike
-from jaxtyping import Array, Float, Int, Key
+from jaxtyping import Array, Float, Key
 
 from pd.sites import SiteTable
 
@@ -14,12 +16,8 @@ Scope = Literal["c", "bc", "sc", "bsc"]
 Sources = tuple[Float[Array, "_n ... _Cp1"], ...]
 
 
-class SourceAdam(NamedTuple):
-    """Adam moments (fp32) and the number of updates so far (for bias correction)."""
-
-    m: tuple[Float[Array, "_n ... _Cp1"], ...]
-    v: tuple[Float[Array, "_n ... _Cp1"], ...]
-    n_updates: Int[Array, ""]
+# S15's Adam state: optax's, with fp32 moments whatever the sources' storage dtype (S22).
+SourceAdam = optax.ScaleByAdamState
 
 
 def scope_shape(scope: Scope, batch: int, seq_len: int = 0) -> tuple[int, ...]:
@@ -49,10 +47,10 @@ def init_sources(
 
 
 def init_source_adam(sources: Sources) -> SourceAdam:
-    # m and v must be distinct buffers: the step donates its state.
-    m = tuple(jnp.zeros(s.shape, jnp.float32) for s in sources)
-    v = tuple(jnp.zeros(s.shape, jnp.float32) for s in sources)
-    return SourceAdam(m, v, jnp.zeros((), jnp.int32))
+    """Zero fp32 moments (distinct buffers: the step donates its state) and a zero count."""
+    state = optax.scale_by_adam().init(tuple(s.astype(jnp.float32) for s in sources))
+    assert isinstance(state, optax.ScaleByAdamState)
+    return state
 
 
 def ascend(
@@ -64,16 +62,14 @@ def ascend(
     b2: float,
     eps: float,
 ) -> tuple[Sources, SourceAdam]:
-    """S15: one Adam ascent step, `lr · m̂ / (sqrt(v̂) + eps)`, then clamp to [0, 1]."""
-    n_updates = state.n_updates + 1
-    t = n_updates.astype(jnp.float32)
-    new_src, new_m, new_v = [], [], []
-    for src, m, v, g in zip(sources, state.m, state.v, grads, strict=True):
-        g = g.astype(m.dtype)  # bf16 gradients are cast to the moment dtype first
-        m = b1 * m + (1.0 - b1) * g
-        v = b2 * v + (1.0 - b2) * g * g
-        update = lr * (m / (1.0 - b1**t)) / (jnp.sqrt(v / (1.0 - b2**t)) + eps)
-        new_src.append(jnp.clip(src.astype(jnp.float32) + update, 0.0, 1.0).astype(src.dtype))
-        new_m.append(m)
-        new_v.append(v)
-    return tuple(new_src), SourceAdam(tuple(new_m), tuple(new_v), n_updates)
+    """S15: one Adam ascent step, `lr · m̂ / (sqrt(v̂) + eps)` (optax's `scale_by_adam`, eps
+    after the sqrt), then the projection onto [0, 1]."""
+    g32 = tuple(g.astype(jnp.float32) for g in grads)  # bf16 gradients: moment dtype first
+    direction, new_state = optax.scale_by_adam(b1=b1, b2=b2, eps=eps).update(g32, state)
+    assert isinstance(direction, tuple) and isinstance(new_state, optax.ScaleByAdamState)
+    # Per C group: optax's projection takes scalar bounds only for a leaf, not for a tuple.
+    new = tuple(
+        optax.projections.projection_hypercube(s.astype(jnp.float32) + lr * d).astype(s.dtype)
+        for s, d in zip(sources, direction, strict=True)
+    )
+    return new, new_state

@@ -11,14 +11,15 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from pd.ci import GroupParams
+from pd.decompose import FROZEN, Constant, Sites, decomposed_hook, layer_sites
 from pd.init import init_vu
 from pd.state import Components
-from pd.targets.base import Batch, Output, frozen_site
+from pd.targets.base import Batch, Output
 from pd.targets.lm import load_frozen
 from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig, from_dict
 from pd.train.run import make_recipe
-from pd.train.step import LiveSite, Recipe
+from pd.train.step import Recipe
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Decomposition:
 
     def clean(self, x: Batch) -> Output:
         """The frozen target's output."""
-        return self.recipe.target.forward(self.frozen, x, frozen_site)
+        return self.recipe.target.forward(self.frozen, x, FROZEN)
 
     def masked_forward(
         self,
@@ -64,14 +65,24 @@ class Decomposition:
 
         `delta` scales the delta channel `x @ (W − V U)`: 0 drops it, 1 keeps it.
         """
-        live = {
-            name: LiveSite(mask, jnp.full(mask.shape[:-1], delta, mask.dtype), None)
-            for name, mask in masks.items()
-        }
         unknown = set(masks) - set(self.sites)
         if unknown:
             raise KeyError(f"unknown sites {sorted(unknown)}; known sites: {', '.join(self.sites)}")
-        return self.recipe.masked_output(self.frozen, x, self.components, live)
+        table = self.recipe.table
+        shape = next(iter(masks.values())).shape[:-1]
+        # The masks enter as CI under a source of 0 (S1: mask = CI), the delta channel at `delta`.
+        lower = tuple(
+            jnp.stack([masks.get(n, jnp.zeros((*shape, grp.C))) for n in grp.names])
+            for grp in table.groups
+        )
+        live = {
+            kind: jnp.asarray([i >= 0 and table.sites[i].name in masks for i in lay.indices])
+            for kind, lay in ((k, table.layout(k)) for k in table.kinds)
+        }
+        comps = self.components
+        sites = layer_sites(table, comps.V, comps.U, lower, live=live)
+        hook = decomposed_hook(Constant(0.0, delta))
+        return self.recipe.target.forward(self.frozen, x, Sites(hook, sites))
 
 
 def load(run_dir: str | Path) -> Decomposition:

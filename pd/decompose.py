@@ -1,7 +1,20 @@
-"""The math of one site (SPEC §3)."""
+"""The math of one site (SPEC §3) and the hook that runs it inside a target's layer scan.
 
+A target calls `hook(kind, layer_sites, x, W)` for every decomposed matmul, where `layer_sites`
+is the layer's slice of everything per site of that kind (`LayerSites`, stacked on a leading
+layer axis outside the scan). The hook runs `site_out` where the site is live and the frozen
+`x @ W` elsewhere, under a `lax.cond`: a site that is not live costs the frozen matmul (S2).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, Bool, Float, Int, Key
+
+from pd.sites import SiteTable
 
 
 def make_mask(
@@ -32,3 +45,149 @@ def site_out(
     if route is None:
         return y
     return jnp.where(route[..., None], y, x @ W)
+
+
+class LayerSites(NamedTuple):
+    """One kind's sites at one layer (with a leading `[n_layers]` axis outside the scan).
+
+    `source` is the persistent source (broadcast over the positions) where the hook's mode is
+    `Persistent`, else None. `site_index` is the site's canonical index (the key tree's i); `column`
+    its column in the plan entry's routes.
+    """
+
+    V: Float[Array, "d_in C"]
+    U: Float[Array, "C d_out"]
+    ci_lower: Float[Array, "*L C"]
+    source: Float[Array, "*S Cp1"] | None
+    site_index: Int[Array, ""]
+    live: Bool[Array, ""]
+    column: Int[Array, ""]
+
+
+# `hook(kind, sites, x, W) -> y`: every decomposed matmul `x @ W` of a target goes through it.
+SiteHook = Callable[
+    [str, LayerSites, Float[Array, "*L d_in"], Float[Array, "d_in d_out"]],
+    Float[Array, "*L d_out"],
+]
+
+
+class Sites(NamedTuple):
+    """What a target's forward runs its sites with: the hook and, per decomposed kind, the
+    stacked `LayerSites` it scans over. A kind absent from `layers` runs `x @ W`."""
+
+    hook: SiteHook
+    layers: dict[str, LayerSites]
+
+
+def frozen_hook(
+    kind: str, sites: LayerSites, x: Float[Array, "*L d_in"], W: Float[Array, "d_in d_out"]
+) -> Float[Array, "*L d_out"]:
+    """The frozen path `x @ W` (S2, S3)."""
+    del kind, sites
+    return x @ W
+
+
+FROZEN = Sites(frozen_hook, {})  # the clean forward: every site on its frozen path
+
+
+def apply_site(
+    hook: SiteHook,
+    layer: dict[str, LayerSites],
+    kind: str,
+    x: Float[Array, "*L d_in"],
+    W: Float[Array, "d_in d_out"],
+) -> Float[Array, "*L d_out"]:
+    """`hook` on a decomposed kind (one layer's `LayerSites` in `layer`), `x @ W` otherwise."""
+    return hook(kind, layer[kind], x, W) if kind in layer else x @ W
+
+
+def layer_of(sites: Sites, layer: int) -> dict[str, LayerSites]:
+    """The `LayerSites` of one static layer, for targets that do not scan (toys)."""
+    return {k: jax.tree.map(lambda a: a[layer], v) for k, v in sites.layers.items()}
+
+
+@dataclass(frozen=True)
+class Draw:
+    """Fresh `U[0, 1)` sources; site i draws from `fold_in(key, i)` (SPEC §9)."""
+
+    key: Key[Array, ""]
+
+
+@dataclass(frozen=True)
+class Constant:
+    """Every channel `value` and the delta channel `delta` (monitors, zero masks, user masks)."""
+
+    value: float
+    delta: float = 0.0
+
+
+@dataclass(frozen=True)
+class Persistent:
+    """The persistent adversarial source of each site, broadcast over its scope (S12)."""
+
+
+SourceMode = Draw | Constant | Persistent
+
+
+def decomposed_hook(mode: SourceMode, routes: Bool[Array, "*L n"] | None = None) -> SiteHook:
+    """A hook running `site_out` with S1 masks where a site is live, `x @ W` elsewhere (S2)."""
+
+    def hook(
+        kind: str, s: LayerSites, x: Float[Array, "*L d_in"], W: Float[Array, "d_in d_out"]
+    ) -> Float[Array, "*L d_out"]:
+        def live(x: Float[Array, "*L d_in"]) -> Float[Array, "*L d_out"]:
+            shape = (*x.shape[:-1], s.V.shape[-1] + 1)
+            if isinstance(mode, Draw):
+                source = jax.random.uniform(jax.random.fold_in(mode.key, s.site_index), shape)
+            elif isinstance(mode, Constant):
+                source = jnp.full(shape, mode.value).at[..., -1].set(mode.delta)
+            else:
+                assert s.source is not None, "a Persistent hook needs LayerSites.source"
+                source = jnp.broadcast_to(s.source.astype(s.ci_lower.dtype), shape)
+            mask, delta = make_mask(s.ci_lower, source)
+            route = None if routes is None else routes[..., s.column]
+            # The frozen path's dtype, as both branches must return one type.
+            return site_out(x, W, s.V, s.U, mask, delta, route).astype(jnp.result_type(x, W))
+
+        def frozen(x: Float[Array, "*L d_in"]) -> Float[Array, "*L d_out"]:
+            return x @ W
+
+        y: Float[Array, "*L d_out"] = jax.lax.cond(s.live, live, frozen, x)
+        return y
+
+    return hook
+
+
+def layer_sites(
+    table: SiteTable,
+    V: tuple[Float[Array, "_n _d_in _C"], ...],
+    U: tuple[Float[Array, "_n _C _d_out"], ...],
+    ci_lower: tuple[Float[Array, "_n ... _C"], ...],
+    sources: tuple[Float[Array, "_n ... _Cp1"], ...] | None = None,
+    live: dict[str, Bool[Array, " n_layers"]] | None = None,
+    columns: dict[str, Int[Array, " n_layers"]] | None = None,
+) -> dict[str, LayerSites]:
+    """Per decomposed kind, its sites' `LayerSites` stacked over the layers, from the per-group
+    storage. `live` (default: every site) and `columns` (default 0) are per kind and layer; a
+    layer without a site of the kind is never live."""
+    out = {}
+    for kind in table.kinds:
+        lay = table.layout(kind)
+        present = jnp.asarray(lay.present)
+        out[kind] = LayerSites(
+            V=table.by_kind(V, kind),
+            U=table.by_kind(U, kind),
+            ci_lower=table.by_kind(ci_lower, kind),
+            source=None if sources is None else table.by_kind(sources, kind, c_groups=True),
+            site_index=jnp.asarray([max(i, 0) for i in lay.indices], jnp.int32),
+            live=present if live is None else present & live[kind],
+            column=(jnp.zeros(table.n_layers, jnp.int32) if columns is None else columns[kind]),
+        )
+    return out
+
+
+def site_weights(
+    table: SiteTable, weights: dict[str, Float[Array, "_L _d_in _d_out"]]
+) -> dict[str, Float[Array, "_d_in _d_out"]]:
+    """`{site: W}` views of a target's per-kind stacked frozen weights."""
+    return {s.name: weights[s.kind][s.layer] for s in table.sites}

@@ -1,34 +1,36 @@
 """Losses: faithfulness, importance minimality, output divergence, recon plans (SPEC §5)."""
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Key
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, Key
 
-from pd.sites import SiteTable
+from pd.sites import SiteTable, take
 
 PlanKind = Literal["all", "per_site", "subset", "chunks"]
 
 
 def faithfulness(
-    W: Sequence[Sequence[Float[Array, "_d_in _d_out"]] | Float[Array, "_n _d_in _d_out"]],
+    table: SiteTable,
+    W: dict[str, Float[Array, "_L _d_in _d_out"]],
     V: tuple[Float[Array, "_n _d_in _C"], ...],
     U: tuple[Float[Array, "_n _C _d_out"], ...],
 ) -> Float[Array, ""]:
     """S17: `Σ_s ‖W_s − V_s U_s‖²_F / Σ_s numel(W_s)` from the fp32 masters.
 
-    `W[g][j]` is the frozen weight of slot j of shape group g: a stacked array or the target's
-    own per-site arrays, so the step never copies the frozen weights into a stacked layout.
+    `W[kind]` is the target's layer-stacked frozen weight of a kind; each kind's sites are one
+    batched matmul (a Python loop over the few kinds, never over sites or layers).
     """
     total = jnp.zeros((), jnp.float32)
     numel = 0.0  # a float: an int over 2³¹ would overflow under jit
-    for ws, v, u in zip(W, V, U, strict=True):
-        for j, w in enumerate(ws):
-            total = total + jnp.sum((w.astype(jnp.float32) - v[j] @ u[j]) ** 2)
-            numel += float(w.size)
+    for kind in table.kinds:
+        w = take(W[kind], table.present_layers(kind)).astype(jnp.float32)
+        vu = jnp.einsum("nic,nco->nio", table.of_kind(V, kind), table.of_kind(U, kind))
+        total = total + jnp.sum((w - vu) ** 2)
+        numel += float(w.size)
     return total / numel
 
 
@@ -82,12 +84,42 @@ def recon_plan(kind: PlanKind, table: SiteTable, k: int = 1) -> tuple[PlanEntry,
     return (PlanEntry(names, routed=True),)
 
 
+class PlanArrays(NamedTuple):
+    """A plan as data, one row per entry: per kind and layer whether the site is live and its
+    route column, and the number of live sites (the step maps over the rows)."""
+
+    live: dict[str, Bool[Array, "n_entries n_layers"]]
+    column: dict[str, Int[Array, "n_entries n_layers"]]
+    n_live: Int[Array, " n_entries"]
+
+
+def plan_arrays(entries: tuple[PlanEntry, ...], table: SiteTable) -> PlanArrays:
+    """The static arrays of a plan; a site's route column is its position in its entry."""
+    n, L = len(entries), table.n_layers
+    live = {kind: np.zeros((n, L), bool) for kind in table.kinds}
+    column = {kind: np.zeros((n, L), np.int32) for kind in table.kinds}
+    for j, entry in enumerate(entries):
+        for c, name in enumerate(entry.live):
+            site = table.spec(name)
+            live[site.kind][j, site.layer] = True
+            column[site.kind][j, site.layer] = c
+    return PlanArrays(
+        {k: jnp.asarray(v) for k, v in live.items()},
+        {k: jnp.asarray(v) for k, v in column.items()},
+        jnp.asarray([len(e.live) for e in entries], jnp.int32),
+    )
+
+
 def uniform_k_routing(
-    key: Key[Array, ""], leading: tuple[int, ...], n_live: int
-) -> Bool[Array, "*L n"]:
-    """S11: per position draw `k ~ U{1..n_live}` and route a uniformly random k-subset of sites."""
+    key: Key[Array, ""], leading: tuple[int, ...], width: int, n_live: Int[Array, ""] | int
+) -> Bool[Array, "*L width"]:
+    """S11: per position draw `k ~ U{1..n_live}` and route a uniformly random k-subset of the
+    first `n_live` of `width` columns (the others, padding of a shorter entry, never route)."""
     k_count, k_perm = jax.random.split(key)
     k = jax.random.randint(k_count, (*leading, 1), 1, n_live + 1)
-    # The rank of each site in a uniform random order: the k lowest ranks are a uniform k-subset.
-    ranks = jnp.argsort(jax.random.uniform(k_perm, (*leading, n_live)), axis=-1).argsort(axis=-1)
+    # The rank of each site in a uniform random order: the k lowest ranks are a uniform k-subset;
+    # padding columns draw 2, above every real draw, so they rank last.
+    draws = jax.random.uniform(k_perm, (*leading, width))
+    draws = jnp.where(jnp.arange(width) < n_live, draws, 2.0)
+    ranks = jnp.argsort(draws, axis=-1).argsort(axis=-1)
     return ranks < k

@@ -22,6 +22,7 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
     from pd.targets.base import as_toy
     from pd.train.config import load_config
     from pd.train.init_state import init_train_state
+    from pd.train.optim import component_optimizer
     from pd.train.run import make_recipe
     from pd.train.step import make_sampler, make_train_step
 
@@ -44,7 +45,7 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
         init_key, recipe.table
     )
     state = init_train_state(recipe, init_key, src_key)._replace(components=comps)
-    opt = recipe.component_optimizer()
+    opt = component_optimizer(recipe.train)
     state = state._replace(opt_components=jax.jit(opt.init)(comps))
     allgather: Callable[..., object] = multihost_utils.process_allgather
 

@@ -1,4 +1,5 @@
-"""§6: persistent sources — init per C group (I1), one Adam ascent by hand (S15), clamping."""
+"""§6: persistent sources — init per C group (I1), optax's Adam ascent against S15 by hand,
+clamping, fp32 moments for bf16 sources (S22)."""
 
 import math
 
@@ -37,8 +38,10 @@ def test_s15_one_adam_ascent_by_hand_with_eps_after_the_sqrt() -> None:
     # step 1: m̂ = g, v̂ = g², update = lr · g / (|g| + eps) = ±lr
     expected = [0.5 + lr * 2 / (2 + eps), 0.5 - lr * 1 / (1 + eps), 1.0]  # the last one is clamped
     np.testing.assert_allclose(np.asarray(new[0]), [expected], rtol=1e-6)
-    assert int(state.n_updates) == 1
-    np.testing.assert_allclose(np.asarray(state.m[0]), (1 - b1) * np.asarray(g[0]), rtol=1e-6)
+    assert int(np.asarray(state.count)) == 1
+    mu = state.mu
+    assert isinstance(mu, tuple)
+    np.testing.assert_allclose(np.asarray(mu[0]), (1 - b1) * np.asarray(g[0]), rtol=1e-6)
     # step 2 with a zero gradient: m = b1·m1, v = b2·v1; bias-corrected ratio by hand
     new2, state = ascend(new, state, (jnp.zeros((1, 3)),), jnp.float32(lr), b1, b2, eps)
     m = b1 * (1 - b1) * 2.0
@@ -46,3 +49,13 @@ def test_s15_one_adam_ascent_by_hand_with_eps_after_the_sqrt() -> None:
     step2 = lr * (m / (1 - b1**2)) / (math.sqrt(v / (1 - b2**2)) + eps)
     assert float(new2[0][0, 0]) == pytest.approx(expected[0] + step2, rel=1e-5)
     assert float(new2[0][0, 2]) == 1.0  # clamped after every update, not only the last
+
+
+def test_s22_bf16_sources_keep_fp32_moments_and_their_storage_dtype() -> None:
+    src = (jnp.full((1, 3), 0.5, jnp.bfloat16),)
+    state = init_source_adam(src)
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves((state.mu, state.nu)))
+    g = (jnp.asarray([[1e-3, -1e-3, 0.0]], jnp.bfloat16),)
+    new, state = ascend(src, state, g, jnp.float32(0.01), 0.5, 0.99, 1e-8)
+    assert new[0].dtype == jnp.bfloat16
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves((state.mu, state.nu)))

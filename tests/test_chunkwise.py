@@ -23,12 +23,11 @@ def _ci(
     n_chunks: int = 3, d_model: int = 16, n_blocks: int = 2, n_heads: int = 2, mlp_hidden: int = 32
 ) -> ChunkwiseTransformer:
     chunks = tuple(
-        Chunk(taps=(f"resid.{i}",), sites=(f"layers.{i}.q", f"layers.{i}.up"))
-        for i in range(n_chunks)
+        Chunk(layers=(i,), sites=(f"layers.{i}.q", f"layers.{i}.up")) for i in range(n_chunks)
     )
     return ChunkwiseTransformer(
         chunks=chunks,
-        tap_dims=tuple((f"resid.{i}", 8) for i in range(n_chunks)),
+        d_resid=8,
         site_C=tuple(
             (s, C)
             for i in range(n_chunks)
@@ -77,12 +76,12 @@ def _sharded_init(
 
 def test_chunks_must_be_homogeneous() -> None:
     ci = _ci()
-    swapped = (ci.chunks[0], Chunk(taps=("resid.1",), sites=("layers.1.up", "layers.1.q")))
+    swapped = (ci.chunks[0], Chunk(layers=(1,), sites=("layers.1.up", "layers.1.q")))
     with pytest.raises(ValueError, match="per-slot C tuples"):
-        ChunkwiseTransformer(swapped, ci.tap_dims, ci.site_C, 16, 2, 2, 32)
-    wide = (*ci.tap_dims[:1], ("resid.1", 9))
+        ChunkwiseTransformer(swapped, ci.d_resid, ci.site_C, 16, 2, 2, 32)
+    wide = (ci.chunks[0], Chunk(layers=(1, 2), sites=ci.chunks[1].sites))
     with pytest.raises(ValueError, match="input widths"):
-        ChunkwiseTransformer(ci.chunks[:2], wide, ci.site_C, 16, 2, 2, 32)
+        ChunkwiseTransformer(wide, ci.d_resid, ci.site_C, 16, 2, 2, 32)
 
 
 def test_s27_rope_frequencies_are_not_parameters_and_init_scales() -> None:
@@ -109,17 +108,41 @@ def test_i1_vmapped_init_equals_unrolled_chunks() -> None:
 def test_scan_over_chunks_equals_each_chunk_alone() -> None:
     ci = _ci()
     params = _batched_init(ci, jax.random.key(1))
-    taps = {f"resid.{i}": jax.random.normal(jax.random.key(10 + i), (2, 6, 8)) for i in range(3)}
-    out = jax.jit(ci.apply)(params, taps)
-    assert {k: v.shape for k, v in out.items()}["layers.2.up"] == (2, 6, 7)
+    resid = jax.random.normal(jax.random.key(10), (4, 2, 6, 8))  # 3 layers + the final stream
+    per_slot = jax.jit(ci.apply)(params, resid)
+    assert [v.shape for v in per_slot] == [(3, 2, 6, 5), (3, 2, 6, 7)]
     net = ci.net()
     for i, chunk in enumerate(ci.chunks):
         chunk_params = jax.tree.map(lambda a, i=i: a[i], params[0])
-        h = taps[chunk.taps[0]]
+        h = resid[chunk.layers[0]]
         h = h / jnp.sqrt(jnp.mean(h * h, axis=-1, keepdims=True) + np.finfo(np.float32).eps)
         ref = net.apply(chunk_params, h)
-        for j, site in enumerate(chunk.sites):
-            np.testing.assert_allclose(np.asarray(out[site]), np.asarray(ref[j]), atol=1e-5)
+        for j in range(len(chunk.sites)):
+            np.testing.assert_allclose(np.asarray(per_slot[j][i]), np.asarray(ref[j]), atol=1e-5)
+
+
+def test_two_layers_per_chunk_read_both_streams_in_order() -> None:
+    """A chunk of layers (0, 1) reads rms_norm(resid[0]) ‖ rms_norm(resid[1]), concatenated."""
+    ct = ChunkwiseTransformer(
+        (Chunk((0, 1), ("a", "b")), Chunk((2, 3), ("c", "d"))),
+        d_resid=4,
+        site_C=(("a", 2), ("b", 3), ("c", 2), ("d", 3)),
+        d_model=8,
+        n_blocks=1,
+        n_heads=2,
+        mlp_hidden=16,
+    )
+    params = _batched_init(ct, jax.random.key(2))
+    resid = jax.random.normal(jax.random.key(11), (5, 2, 3, 4))
+    per_slot = jax.jit(ct.apply)(params, resid)
+
+    def norm(h: jax.Array) -> jax.Array:
+        return h / jnp.sqrt(jnp.mean(h * h, axis=-1, keepdims=True) + np.finfo(np.float32).eps)
+
+    h = jnp.concatenate([norm(resid[2]), norm(resid[3])], axis=-1)
+    ref = ct.net().apply(jax.tree.map(lambda a: a[1], params[0]), h)
+    for j in range(2):
+        np.testing.assert_allclose(np.asarray(per_slot[j][1]), np.asarray(ref[j]), atol=1e-5)
 
 
 # The PartitionSpec of every parameter (after the unsharded chunks axis) on a `model` axis.

@@ -5,11 +5,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd.decompose import make_mask, site_out
+from pd.decompose import (
+    FROZEN,
+    Constant,
+    Sites,
+    decomposed_hook,
+    layer_sites,
+    make_mask,
+    site_out,
+)
 from pd.state import Components
-from pd.targets.base import frozen_site
 from pd.targets.tms import TMS
-from pd.train.step import LiveSite, decomposed_hook
 
 
 def _site(key: int = 0) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -63,8 +69,11 @@ def test_s2_non_live_sites_run_the_frozen_path_and_get_no_gradient() -> None:
     x = jax.random.uniform(jax.random.key(2), (8, 5))
 
     def output(c: Components) -> jax.Array:
-        live = {"linear1": LiveSite(jnp.full((8, 4), 0.5), jnp.zeros((8,)), None)}
-        return target.forward(frozen, x, decomposed_hook(table, c, live))
+        # linear1 live with every mask 0.5 (CI 0.5 under a source of 0) and no delta channel.
+        ci = tuple(jnp.full((1, 8, g.C), 0.5) for g in table.groups)
+        live = {"linear1": jnp.asarray([True]), "linear2": jnp.asarray([False])}
+        sites = layer_sites(table, c.V, c.U, ci, live=live)
+        return target.forward(frozen, x, Sites(decomposed_hook(Constant(0.0)), sites))
 
     # linear2 is not live: the output equals the frozen linear2 applied to the decomposed linear1.
     g1, s1 = table.where("linear1")
@@ -83,7 +92,7 @@ def test_s3_recon_target_is_the_frozen_forward() -> None:
     W1 = jax.random.normal(jax.random.key(3), (5, 2))
     frozen = target.expand({"W1": W1, "b": jnp.full((5,), -0.1)})
     x = jax.random.uniform(jax.random.key(4), (4, 5))
-    clean = target.forward(frozen, x, frozen_site)
+    clean = target.forward(frozen, x, FROZEN)
     np.testing.assert_allclose(
         np.asarray(clean), np.asarray(jax.nn.relu(x @ W1 @ W1.T - 0.1)), atol=1e-6
     )

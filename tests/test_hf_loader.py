@@ -15,7 +15,7 @@ import numpy.typing as npt
 import pytest
 from safetensors.numpy import save_file
 
-from pd.targets.base import frozen_site
+from pd.decompose import FROZEN
 from pd.targets.hf import CheckpointError, load_hf
 from pd.targets.llama import Llama, LlamaArch
 
@@ -158,7 +158,7 @@ def reference_logits(
 
 def pd_logits(arch: LlamaArch, params: hk.Params) -> NDArray:
     target = Llama(arch, kind_C=(("q", 2),), layers=(0,))
-    return np.asarray(target.forward(params, jnp.asarray(TOKENS), frozen_site))
+    return np.asarray(target.forward(params, jnp.asarray(TOKENS), FROZEN))
 
 
 def assert_one_sentence(message: str, *names: str) -> None:
@@ -181,7 +181,7 @@ def test_fp32_checkpoint_matches_the_hf_reference(
         VOCAB, D, LAYERS, HEADS, KV_HEADS, D_MLP, hd, 5000.0, 1e-5, tie_embeddings=tied
     )
     assert ("head" in params["~"]) is not tied
-    assert params["~"]["layers_1_o"].shape == (HEADS * hd, D)  # [d_in, d_out]: transposed
+    assert params["~"]["o"].shape == (2, HEADS * hd, D)  # layer-stacked [d_in, d_out]: transposed
     assert all(v.dtype == jnp.float32 for v in params["~"].values())
     logits = pd_logits(arch, params)
     assert logits.dtype == np.float32

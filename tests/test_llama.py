@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 from jaxtyping import Array, Float
 
-from pd.targets.base import Target, frozen_site
+from pd.decompose import FROZEN, LayerSites, Sites, layer_sites, site_weights
+from pd.init import init_vu
+from pd.targets.base import Target
 from pd.targets.llama import KINDS, Llama, LlamaArch
 
 ARCH = LlamaArch(vocab=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_mlp=48)
 ALL = Llama(ARCH, kind_C=tuple((k, 3) for k in KINDS), layers=(0, 1))
 TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 50, size=(2, 7)), jnp.int32)
 # Jitted: one compile instead of one per primitive in eager mode (the tests must be fast).
-clean_logits: Callable[[hk.Params, Array], Array] = jax.jit(
-    lambda p, t: ALL.forward(p, t, frozen_site)
-)
+clean_logits: Callable[[hk.Params, Array], Array] = jax.jit(lambda p, t: ALL.forward(p, t, FROZEN))
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def params() -> hk.Params:
         p = ALL.init(key)
         keys = iter(jax.random.split(jax.random.fold_in(key, 1), len(p["~"])))
         scaled = {
-            name: (w + 0.3 * jax.random.normal(next(keys), w.shape)) if w.ndim == 1 else w * 9.0
+            name: (w + 0.3 * jax.random.normal(next(keys), w.shape)) if "norm" in name else w * 9.0
             for name, w in p["~"].items()
         }
         return {"~": scaled}
@@ -122,16 +122,21 @@ def test_full_table_shapes_and_weights(params: hk.Params) -> None:
     assert ALL.table.names[:7] == tuple(
         f"layers.0.{'attn' if k in 'qkvo' else 'mlp'}.{k}" for k in KINDS
     )
+    assert [(s.layer, s.kind) for s in ALL.table.sites[7:]] == [(1, k) for k in KINDS]
     weights = ALL.weights(params)
-    assert tuple(weights) == ALL.table.names
+    assert tuple(weights) == KINDS
+    assert weights["gate"] is params["~"]["gate"] and weights["gate"].shape == (2, 32, 48)
+    views = site_weights(ALL.table, weights)
     for s in ALL.table.sites:
-        assert weights[s.name].shape == (s.d_in, s.d_out)
-    assert weights["layers.1.mlp.gate"] is params["~"]["layers_1_gate"]
+        assert views[s.name].shape == (s.d_in, s.d_out)
+    np.testing.assert_array_equal(
+        np.asarray(views["layers.1.mlp.gate"]), np.asarray(params["~"]["gate"][1])
+    )
 
 
-def test_init_param_tree() -> None:
+def test_init_param_tree_is_layer_stacked() -> None:
     tied = LlamaArch(
-        vocab=50, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_mlp=48, tie_embeddings=True
+        vocab=50, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_mlp=48, tie_embeddings=True
     )
     params: hk.Params = jax.jit(Llama(tied, kind_C=(("up", 2),), layers=(0,)).init)(
         jax.random.key(0)
@@ -140,70 +145,90 @@ def test_init_param_tree() -> None:
     shapes = {name: w.shape for name, w in p.items()}
     assert shapes == {
         "embed": (50, 32),
-        "layers_0_attn_norm": (32,),
-        "layers_0_q": (32, 32),
-        "layers_0_k": (32, 16),
-        "layers_0_v": (32, 16),
-        "layers_0_o": (32, 32),
-        "layers_0_mlp_norm": (32,),
-        "layers_0_gate": (32, 48),
-        "layers_0_up": (32, 48),
-        "layers_0_down": (48, 32),
+        "attn_norm": (3, 32),
+        "q": (3, 32, 32),
+        "k": (3, 32, 16),
+        "v": (3, 32, 16),
+        "o": (3, 32, 32),
+        "mlp_norm": (3, 32),
+        "gate": (3, 32, 48),
+        "up": (3, 32, 48),
+        "down": (3, 48, 32),
         "final_norm": (32,),
     }  # tied: no head
-    assert float(jnp.std(p["layers_0_gate"])) == pytest.approx(0.02, rel=0.2)
+    assert float(jnp.std(p["gate"])) == pytest.approx(0.02, rel=0.2)
     np.testing.assert_array_equal(np.asarray(p["final_norm"]), np.ones(32))
 
 
+def _sites_of(target: Llama, hook: Callable[..., Array]) -> Sites:
+    """`hook` with every decomposed kind's LayerSites (V/U drawn, CI 1: contents unused)."""
+    table = target.table
+    comps = init_vu(jax.random.key(0), table)
+    ci = tuple(jnp.ones((len(g.names), *TOKENS.shape, g.C)) for g in table.groups)
+    return Sites(hook, layer_sites(table, comps.V, comps.U, ci))
+
+
 def test_S3_a_hook_with_VU_equal_to_W_reproduces_the_frozen_forward(params: hk.Params) -> None:
-    """Every site goes through the hook, once, in canonical order; with `V = W`, `U = I` the
-    decomposed path `((x V) ⊙ 1) U + (x W − (x V) U)` equals the frozen `x W` exactly."""
+    """The layer body calls the hook once per decomposed kind, in canonical kind order, and the
+    scan runs it in every layer; with `V = W`, `U = I` the decomposed path
+    `((x V) ⊙ 1) U + (x W − (x V) U)` equals the frozen `x W` exactly."""
     calls: list[str] = []
 
     def decomposed(
-        name: str, x: Float[Array, "*L d_in"], W: Float[Array, "d_in d_out"]
+        kind: str, s: LayerSites, x: Float[Array, "*L d_in"], W: Float[Array, "d_in d_out"]
     ) -> Float[Array, "*L d_out"]:
-        calls.append(name)
+        calls.append(kind)
         V, U = W, jnp.eye(W.shape[1], dtype=W.dtype)
         inner = x @ V
         return (inner * 1.0) @ U + (x @ W - inner @ U)
 
     clean = clean_logits(params, TOKENS)
-    out = jax.jit(lambda p: ALL.forward(p, TOKENS, decomposed))(params)  # traced once
-    assert calls == list(ALL.table.names)
+    out = jax.jit(lambda p: ALL.forward(p, TOKENS, _sites_of(ALL, decomposed)))(params)
+    assert calls == list(KINDS)  # one body, traced once
     assert clean.dtype == jnp.float32 and clean.shape == (2, 7, 50)
     assert float(jnp.std(clean)) > 0.5  # non-degenerate logits
     np.testing.assert_array_equal(np.asarray(out), np.asarray(clean))
 
 
-def test_only_table_sites_reach_the_hook(params: hk.Params) -> None:
+def test_only_table_kinds_reach_the_hook_and_other_layers_are_not_live(
+    params: hk.Params,
+) -> None:
     target = Llama(ARCH, kind_C=(("o", 2), ("gate", 2)), layers=(1,))
     calls: list[str] = []
+    live: list[Array] = []
 
     def record(
-        name: str, x: Float[Array, "*L d_in"], W: Float[Array, "d_in d_out"]
+        kind: str, s: LayerSites, x: Float[Array, "*L d_in"], W: Float[Array, "d_in d_out"]
     ) -> Float[Array, "*L d_out"]:
-        calls.append(name)
+        calls.append(kind)
+        live.append(s.live)
         return x @ W
 
-    out = jax.jit(lambda p: target.forward(p, TOKENS, record))(params)
-    assert calls == ["layers.1.attn.o", "layers.1.mlp.gate"]
+    sites = _sites_of(target, record)
+    np.testing.assert_array_equal(np.asarray(sites.layers["o"].live), [False, True])
+    out = jax.jit(lambda p: target.forward(p, TOKENS, sites))(params)
+    assert calls == ["o", "gate"]
     np.testing.assert_array_equal(np.asarray(out), np.asarray(clean_logits(params, TOKENS)))
 
 
 def test_S4_taps_are_site_inputs_and_residual_streams(params: hk.Params) -> None:
     target = Llama(ARCH, kind_C=(("q", 2), ("o", 2), ("down", 2)), layers=(0, 1))
     taps, clean = jax.jit(target.taps)(params, TOKENS)
-    resid = [f"resid.{i}" for i in range(ARCH.n_layers + 1)]
-    assert set(taps) == set(target.table.names) | set(resid)
+    assert set(taps) == {"resid", "in.q", "in.o", "in.down"}
     for s in target.table.sites:
-        assert taps[s.name].shape == (2, 7, s.d_in)
-    for r in resid:
-        assert taps[r].shape == (2, 7, 32)
+        assert taps[f"in.{s.kind}"][s.layer].shape == (2, 7, s.d_in)
+    assert taps["resid"].shape == (ARCH.n_layers + 1, 2, 7, 32)
     p = params["~"]
-    np.testing.assert_array_equal(np.asarray(taps["resid.0"]), np.asarray(p["embed"][TOKENS]))
-    # The residual stream changes across layers; the down input is the SwiGLU activation.
-    assert not np.allclose(np.asarray(taps["resid.1"]), np.asarray(taps["resid.2"]))
+    np.testing.assert_array_equal(np.asarray(taps["resid"][0]), np.asarray(p["embed"][TOKENS]))
+    # The residual stream changes across layers; q reads the attention norm of it.
+    assert not np.allclose(np.asarray(taps["resid"][1]), np.asarray(taps["resid"][2]))
+    from pd.targets.llama import rms_norm
+
+    np.testing.assert_allclose(
+        np.asarray(taps["in.q"][1]),
+        np.asarray(rms_norm(taps["resid"][1], p["attn_norm"][1], ARCH.rms_eps)),
+        rtol=1e-6,
+    )
     np.testing.assert_array_equal(np.asarray(clean), np.asarray(clean_logits(params, TOKENS)))
 
 
@@ -223,7 +248,7 @@ def test_bf16_params_compute_in_bf16_and_return_fp32_logits(params: hk.Params) -
     p16 = jax.tree.map(lambda w: w.astype(jnp.bfloat16), params)
     taps, logits = jax.jit(ALL.taps)(p16, TOKENS)
     assert logits.dtype == jnp.float32
-    assert taps["resid.1"].dtype == jnp.bfloat16 and taps["layers.0.attn.q"].dtype == jnp.bfloat16
+    assert taps["resid"].dtype == jnp.bfloat16 and taps["in.q"].dtype == jnp.bfloat16
     # Against fp32 compute on the same (bf16-rounded) weights: only the bf16 arithmetic differs.
     ref = clean_logits(jax.tree.map(lambda w: w.astype(jnp.float32), p16), TOKENS)
     err = float(jnp.max(jnp.abs(logits - ref)))

@@ -8,19 +8,33 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd.losses import faithfulness, importance_terms, mse, recon_plan, uniform_k_routing
+from pd.losses import (
+    faithfulness,
+    importance_terms,
+    mse,
+    plan_arrays,
+    recon_plan,
+    uniform_k_routing,
+)
 from pd.sites import SiteSpec, SiteTable
 
 
 def test_s17_faithfulness_hand_computed() -> None:
-    # Two groups: W − V U = [[1, 0], [0, 0]] (one site) and [[2], [1]] / [[1]] (two sites).
-    W0 = jnp.asarray([[[1.0, 0.0], [0.0, 1.0]]])
-    V0 = jnp.asarray([[[0.0], [1.0]]])
-    U0 = jnp.asarray([[[0.0, 1.0]]])
-    W1 = jnp.asarray([[[2.0], [1.0]], [[1.0], [1.0]]])
-    V1 = jnp.zeros((2, 2, 1))
-    U1 = jnp.zeros((2, 1, 1))
-    got = faithfulness((W0, W1), (V0, V1), (U0, U1))
+    # Kind "a" (one layer): W − V U = [[1, 0], [0, 0]]; kind "b" in layers 0 and 2 of a 3-layer
+    # target: [[2], [1]] and [[1], [1]] (its layer-1 weight is not a site and must not count).
+    table = SiteTable(
+        (
+            SiteSpec("a0", 2, 2, 1, 0, "a"),
+            SiteSpec("b0", 2, 1, 1, 0, "b"),
+            SiteSpec("b2", 2, 1, 1, 2, "b"),
+        ),
+        depth=3,
+    )
+    Wa = jnp.asarray([[[1.0, 0.0], [0.0, 1.0]]] * 3)
+    Wb = jnp.asarray([[[2.0], [1.0]], [[9.0], [9.0]], [[1.0], [1.0]]])
+    V = (jnp.asarray([[[0.0], [1.0]]]), jnp.zeros((2, 2, 1)))
+    U = (jnp.asarray([[[0.0, 1.0]]]), jnp.zeros((2, 1, 1)))
+    got = faithfulness(table, {"a": Wa, "b": Wb}, V, U)
     # squared errors: 1 + (4 + 1) + (1 + 1) = 8 over 4 + 2 + 2 = 8 elements.
     assert float(got) == pytest.approx(8.0 / 8.0)
 
@@ -70,7 +84,7 @@ def test_s10_plans() -> None:
 
 def test_s11_uniform_k_routing_k_is_uniform_and_every_subset_reachable() -> None:
     n_live, n = 3, 60_000
-    routes = np.asarray(uniform_k_routing(jax.random.key(0), (n,), n_live))
+    routes = np.asarray(uniform_k_routing(jax.random.key(0), (n,), n_live, n_live))
     k = routes.sum(axis=-1)
     counts = np.bincount(k, minlength=n_live + 1)
     assert counts[0] == 0  # k >= 1: some site is always routed
@@ -85,3 +99,25 @@ def test_s11_uniform_k_routing_k_is_uniform_and_every_subset_reachable() -> None
         rows = routes[k == size]
         per_site = rows.mean(axis=0)  # each site is in a uniform k-subset with prob size / n_live
         assert np.allclose(per_site, size / n_live, atol=0.02)
+
+
+def test_s11_a_shorter_entry_routes_only_its_own_sites_and_equals_a_full_width_draw() -> None:
+    """An entry with fewer sites than the plan's widest (the last of chunks(k)) routes among
+    its own columns only; an entry of full width draws exactly what a width-n draw gives."""
+    key, n = jax.random.key(1), 20_000
+    padded = np.asarray(uniform_k_routing(key, (n,), 4, jnp.int32(2)))
+    assert not padded[:, 2:].any()
+    assert np.all(padded[:, :2].sum(axis=-1) >= 1)
+    assert abs(padded[:, :2].sum(axis=-1).mean() - 1.5) < 0.02  # k uniform on {1, 2}
+    full = uniform_k_routing(key, (n,), 3, jnp.int32(3))
+    np.testing.assert_array_equal(np.asarray(full), np.asarray(uniform_k_routing(key, (n,), 3, 3)))
+
+
+def test_s10_plan_arrays_mark_each_entrys_sites_and_route_columns() -> None:
+    table = SiteTable(
+        tuple(SiteSpec(f"l{i}.{k}", 2, 2, 3, i, k) for i in range(3) for k in ("p", "q")), depth=3
+    )
+    plan = plan_arrays(recon_plan("chunks", table, 4), table)  # [l0.p l0.q l1.p l1.q], [l2.*]
+    np.testing.assert_array_equal(np.asarray(plan.n_live), [4, 2])
+    np.testing.assert_array_equal(np.asarray(plan.live["p"]), [[1, 1, 0], [0, 0, 1]])
+    np.testing.assert_array_equal(np.asarray(plan.column["q"]), [[1, 3, 0], [0, 0, 1]])

@@ -14,24 +14,41 @@ from pd.losses import faithfulness
 from pd.state import Components
 from pd.targets.base import as_toy
 from pd.train import load_config
+from pd.train.optim import ci_optimizer, clip_global_norm, component_optimizer
 from pd.train.run import make_recipe
-from pd.train.step import clip_global_norm, faith_warmup, grouped_weights
+from pd.train.step import faith_warmup
 
 
 def test_s19_clip_uses_the_plus_1e6_epsilon() -> None:
     grads = Components((jnp.full((1, 1, 1), 3.0),), (jnp.full((1, 1, 1), 4.0),))
-    clipped = clip_global_norm(grads, 0.01)
+    clip = clip_global_norm(0.01)
+    clipped, _ = clip.update(grads, clip.init(grads))
+    assert isinstance(clipped, Components)
     scale = 0.01 / (5.0 + 1e-6)
     assert float(clipped.V[0][0, 0, 0]) == pytest.approx(3.0 * scale, rel=1e-6)
     assert float(clipped.U[0][0, 0, 0]) == pytest.approx(4.0 * scale, rel=1e-6)
-    unclipped = clip_global_norm(grads, 100.0)  # min(1, ·): never scales up
+    loose = clip_global_norm(100.0)
+    unclipped, _ = loose.update(grads, loose.init(grads))  # min(1, ·): never scales up
+    assert isinstance(unclipped, Components)
     assert float(unclipped.V[0][0, 0, 0]) == 3.0
+
+
+def test_s19_the_component_optimizer_clips_before_adamw() -> None:
+    """With the clip, AdamW sees the clipped gradient: its first moment is (1 − β1)·scale·g."""
+    train = load_config("tms_5-2", ["train.grad_clip=0.01"]).train
+    params = Components((jnp.zeros((1, 1, 1)),), (jnp.zeros((1, 1, 1)),))
+    grads = Components((jnp.full((1, 1, 1), 3.0),), (jnp.full((1, 1, 1), 4.0),))
+    tx = component_optimizer(train)
+    _, state = tx.update(grads, tx.init(params), params)
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    mu = [leaf for path, leaf in leaves if ".mu" in jax.tree_util.keystr(path)]
+    assert float(mu[0][0, 0, 0]) == pytest.approx(0.1 * 3.0 * 0.01 / (5.0 + 1e-6), rel=1e-5)
 
 
 def test_s19_s20_optimizers_have_zero_weight_decay() -> None:
     recipe = make_recipe(load_config("tms_5-2"))
     params = {"w": jnp.ones((3,))}
-    for tx in (recipe.component_optimizer(), recipe.ci_optimizer()):
+    for tx in (component_optimizer(recipe.train), ci_optimizer(recipe.train)):
         updates, _ = tx.update({"w": jnp.zeros((3,))}, tx.init(params), params)
         moved = optax.apply_updates(params, updates)
         # a zero gradient moves nothing: there is no decoupled weight decay
@@ -44,10 +61,10 @@ def test_s21_faithfulness_warmup_fits_the_weights_and_leaves_no_optimizer() -> N
     frozen = toy.expand(toy.init_train(jax.random.key(0)))
     init_key, _, _ = key_tree(0)
     comps = init_vu(init_key, recipe.table)
-    W = grouped_weights(recipe.target, frozen)
-    before = float(faithfulness(W, comps.V, comps.U))
+    W = recipe.target.weights(frozen)
+    before = float(faithfulness(recipe.table, W, comps.V, comps.U))
     warmed = faith_warmup(recipe, comps, frozen)
-    after = float(faithfulness(W, warmed.V, warmed.U))
+    after = float(faithfulness(recipe.table, W, warmed.V, warmed.U))
     assert after < 0.1 * before
     assert isinstance(warmed, Components)  # the warmup optimizer is discarded
 

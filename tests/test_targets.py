@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd.targets.base import frozen_site
+from pd.decompose import FROZEN
 from pd.targets.configs import ResidMLPConfig, TMSConfig
 from pd.targets.train import _cache_key, load_or_train, train_target
 
@@ -65,14 +65,17 @@ def test_resid_mlp_forward_taps_and_label() -> None:
     params = target.expand(target.init_train(jax.random.key(0)))
     x = target.sample(jax.random.key(1), 16)
     assert float(jnp.max(jnp.abs(x))) <= 1.0
-    site_inputs, clean = target.taps(params, x)
+    taps, clean = target.taps(params, x)
     p = params["~"]
+    assert p["mlp_in"].shape == (2, 8, 3) and p["mlp_out"].shape == (2, 3, 8)  # layer-stacked
     r = x @ p["embed"]
-    assert np.allclose(np.asarray(site_inputs["layers.0.mlp_in"]), np.asarray(r))
     for i in range(2):
-        r = r + jax.nn.relu(r @ p[f"layers_{i}_mlp_in"]) @ p[f"layers_{i}_mlp_out"]
+        np.testing.assert_allclose(np.asarray(taps["in.mlp_in"][i]), np.asarray(r), atol=1e-6)
+        hidden = jax.nn.relu(r @ p["mlp_in"][i])
+        np.testing.assert_allclose(np.asarray(taps["in.mlp_out"][i]), np.asarray(hidden), atol=1e-6)
+        r = r + hidden @ p["mlp_out"][i]
     np.testing.assert_allclose(np.asarray(clean), np.asarray(r @ p["embed"].T), atol=1e-5)
     np.testing.assert_allclose(
-        np.asarray(target.forward(params, x, frozen_site)), np.asarray(clean), atol=1e-6
+        np.asarray(target.forward(params, x, FROZEN)), np.asarray(clean), atol=1e-6
     )
     np.testing.assert_array_equal(np.asarray(target.label(x)), np.asarray(x + jax.nn.relu(x)))

@@ -13,8 +13,8 @@ from pd.ci.squash import lower_leaky_hard, upper_leaky_hard
 from pd.sites import SiteTable
 
 GroupParams = tuple[hk.Params, ...]
-# Clean-path activations by name (S4): site inputs by site name, `resid.{i}` for LMs.
-Taps = dict[str, Float[Array, "B ..."]]
+# Clean-path activations by name, stacked over the layers (S4; see `pd.targets.base.Taps`).
+Taps = dict[str, Float[Array, "_n B ..."]]
 
 
 class CI(NamedTuple):
@@ -81,6 +81,6 @@ class PerSiteCI:
         return squash(logits)
 
     def ci(self, params: GroupParams, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]) -> CI:
-        """CI of every site from its own input, read from the taps by site name."""
-        inputs = tuple(jnp.stack(xs) for xs in self.table.per_group(taps))
+        """CI of every site from its own input, read from its kind's input tap."""
+        inputs = self.table.from_kinds({k: taps[f"in.{k}"] for k in self.table.kinds})
         return self.apply(params, inputs, V)

@@ -20,9 +20,10 @@ ROPE_BASE = 10000.0
 
 @dataclass(frozen=True)
 class Chunk:
-    """The taps a chunk reads (concatenated in order) and the sites it predicts (in slot order)."""
+    """The layers whose entering residual stream a chunk reads (concatenated in order) and the
+    sites it predicts (in slot order)."""
 
-    taps: tuple[str, ...]
+    layers: tuple[int, ...]
     sites: tuple[str, ...]
 
 
@@ -31,7 +32,7 @@ class ChunkwiseTransformer:
     """Homogeneous chunks: equal input width and the identical per-slot C tuple (asserted)."""
 
     chunks: tuple[Chunk, ...]
-    tap_dims: tuple[tuple[str, int], ...]  # width of every tap
+    d_resid: int  # width of the residual stream
     site_C: tuple[tuple[str, int], ...]  # C of every site
     d_model: int
     n_blocks: int
@@ -39,8 +40,8 @@ class ChunkwiseTransformer:
     mlp_hidden: int
 
     def __post_init__(self) -> None:
-        dims, Cs = dict(self.tap_dims), dict(self.site_C)
-        widths = {sum(dims[t] for t in c.taps) for c in self.chunks}
+        Cs = dict(self.site_C)
+        widths = {len(c.layers) * self.d_resid for c in self.chunks}
         slots = {tuple(Cs[s] for s in c.sites) for c in self.chunks}
         if len(widths) != 1:
             raise ValueError(f"chunks have input widths {sorted(widths)}, expected one width")
@@ -63,8 +64,7 @@ class ChunkwiseTransformer:
 
     @property
     def input_dim(self) -> int:
-        dims = dict(self.tap_dims)
-        return sum(dims[t] for t in self.chunks[0].taps)
+        return len(self.chunks[0].layers) * self.d_resid
 
     @property
     def slot_C(self) -> tuple[int, ...]:
@@ -125,12 +125,14 @@ class ChunkwiseTransformer:
         return (jax.vmap(self.net().init, in_axes=(0, None))(keys, x),)
 
     def apply(
-        self, params: GroupParams, taps: dict[str, Float[Array, "B T _d"]]
-    ) -> dict[str, Float[Array, "B T _C"]]:
-        """`{site: logits [B, T, C]}`: chunks run under `lax.scan` over the stacked parameters."""
-        inputs = jnp.stack(
-            [jnp.concatenate([rms_norm(taps[t]) for t in c.taps], axis=-1) for c in self.chunks]
-        )
+        self, params: GroupParams, resid: Float[Array, "_L B T _d"]
+    ) -> tuple[Float[Array, "n_chunks B T _C"], ...]:
+        """Per slot, the logits of every chunk `[n_chunks, B, T, C_j]`: chunks run under
+        `lax.scan` over the stacked parameters, each reading its layers of `resid`."""
+        layers = jnp.asarray([c.layers for c in self.chunks])  # [n_chunks, layers per chunk]
+        h = rms_norm(resid[layers])  # [n_chunks, k, B, T, d]
+        n, k, B, T, d = h.shape
+        inputs = jnp.moveaxis(h, 1, -2).reshape(n, B, T, k * d)  # each chunk's taps, concatenated
         net = self.net()
 
         # Checkpointed: the backward recomputes a chunk instead of keeping every chunk's
@@ -141,11 +143,7 @@ class ChunkwiseTransformer:
             return None, net.apply(chunk_params, h)
 
         _, per_slot = jax.lax.scan(body, None, (params[0], inputs))
-        return {
-            site: per_slot[j][i]
-            for i, c in enumerate(self.chunks)
-            for j, site in enumerate(c.sites)
-        }
+        return tuple(per_slot)
 
 
 @dataclass(frozen=True)
@@ -166,9 +164,12 @@ class ChunkwiseCI:
         return self.transformer.init(ci_key)
 
     def ci(self, params: GroupParams, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]) -> CI:
-        del V  # the transformer reads the taps only
-        logits = self.transformer.apply(params, taps)
-        return squash(tuple(jnp.stack(ls) for ls in self.table.per_group(logits)))
+        del V  # the transformer reads the residual stream only
+        per_slot = self.transformer.apply(params, taps["resid"])
+        where = {
+            s: (j, i) for i, c in enumerate(self.transformer.chunks) for j, s in enumerate(c.sites)
+        }
+        return squash(self.table.gather_groups(dict(enumerate(per_slot)), where))
 
 
 def rms_norm(x: Float[Array, "*L d"]) -> Float[Array, "*L d"]:
@@ -179,22 +180,14 @@ def rms_norm(x: Float[Array, "*L d"]) -> Float[Array, "*L d"]:
 
 
 def layer_chunks(table: SiteTable, layers_per_chunk: int) -> tuple[Chunk, ...]:
-    """Sites named `layers.{i}.…` in chunks of `layers_per_chunk` consecutive decomposed layers;
-    a chunk reads the residual stream `resid.{i}` entering each of its layers."""
+    """The sites in chunks of `layers_per_chunk` consecutive decomposed layers; a chunk reads
+    the residual stream entering each of its layers."""
     by_layer: dict[int, list[str]] = {}
-    for name in table.names:
-        parts = name.split(".")
-        if len(parts) < 3 or parts[0] != "layers" or not parts[1].isdigit():
-            raise ValueError(
-                f"site {name!r} is not named 'layers.{{i}}.…', expected a layered model"
-            )
-        by_layer.setdefault(int(parts[1]), []).append(name)
+    for site in table.sites:
+        by_layer.setdefault(site.layer, []).append(site.name)
     layers = sorted(by_layer)
     groups = [layers[i : i + layers_per_chunk] for i in range(0, len(layers), layers_per_chunk)]
-    return tuple(
-        Chunk(tuple(f"resid.{i}" for i in g), tuple(s for i in g for s in by_layer[i]))
-        for g in groups
-    )
+    return tuple(Chunk(tuple(g), tuple(s for i in g for s in by_layer[i])) for g in groups)
 
 
 def chunkwise_ci(
@@ -208,7 +201,8 @@ def chunkwise_ci(
 ) -> ChunkwiseCI:
     """The chunkwise-transformer CI function over a layered model's sites (SPEC §4.1)."""
     chunks = layer_chunks(table, layers_per_chunk)
-    taps = tuple((t, d_resid) for c in chunks for t in c.taps)
     site_C = tuple((s.name, s.C) for s in table.sites)
-    transformer = ChunkwiseTransformer(chunks, taps, site_C, d_model, n_blocks, n_heads, mlp_hidden)
+    transformer = ChunkwiseTransformer(
+        chunks, d_resid, site_C, d_model, n_blocks, n_heads, mlp_hidden
+    )
     return ChunkwiseCI(transformer, table)

@@ -7,7 +7,6 @@ import jax
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from pd.adversary import SourceAdam
 from pd.shard import ShardingError, _spec
 from pd.state import Components, TrainState
 
@@ -50,7 +49,7 @@ def train_state_shardings(
         opt_components=like_params(abstract.opt_components, components, mesh),
         opt_ci=like_params(abstract.opt_ci, ci_params, mesh),
         sources=sources,  # type: ignore[arg-type]  # shardings in the sources layout
-        source_opt=SourceAdam(sources, sources, replicated(mesh)),  # type: ignore[arg-type]  # as above
+        source_opt=like_params(abstract.source_opt, sources, mesh),  # type: ignore[arg-type]  # shardings in the state layout
     )
     return sharded
 

@@ -1,37 +1,39 @@
 """The Target protocols: a frozen network whose chosen matmuls are decomposed sites."""
 
-from collections.abc import Callable
 from typing import Literal, Protocol, runtime_checkable
 
 import haiku as hk
 from jaxtyping import Array, Float, Key, Shaped
 
-from pd.sites import SiteTable
+from pd.decompose import Sites
+from pd.sites import SiteSpec, SiteTable
 
-# A target calls `site(name, x, W)` for every decomposed matmul `x @ W`; pd decides what runs.
-SiteHook = Callable[
-    [str, Float[Array, "*L d_in"], Float[Array, "d_in d_out"]], Float[Array, "*L d_out"]
-]
 TrainParams = dict[str, Array]
 # A batch: `[B, n_features]` floats for toys, `[B, T]` token ids for language models.
 Batch = Shaped[Array, "B ..."]
 # The output the divergence compares: `[B, n_out]` for toys, `[B, T, vocab]` logits for LMs.
 Output = Float[Array, "B ..."]
-Taps = dict[str, Float[Array, "B ..."]]
+# Clean-path activations by name, stacked over the layers: `in.{kind}` is `[n_layers, *L, d_in]`
+# (each site's input), language models add `resid`, `[n_layers + 1, B, T, d_model]`.
+Taps = dict[str, Float[Array, "_n B ..."]]
+LayerTaps = dict[str, Float[Array, "B ..."]]  # one layer's taps, inside a target's layer scan
 Divergence = Literal["mse", "kl"]
 
 
-def frozen_site(
-    name: str, x: Float[Array, "*L d_in"], W: Float[Array, "d_in d_out"]
-) -> Float[Array, "*L d_out"]:
-    """The frozen path `x @ W` (S2, S3)."""
-    del name
-    return x @ W
+def input_tap(kind: str) -> str:
+    """The tap holding the inputs of a kind's sites, stacked over the layers."""
+    return f"in.{kind}"
+
+
+def site_input(taps: Taps, site: SiteSpec) -> Float[Array, "B ..."]:
+    """One site's clean-path input, a view of its kind's stacked input tap."""
+    return taps[input_tap(site.kind)][site.layer]
 
 
 @runtime_checkable
 class Target(Protocol):
-    """What a decomposition needs of any target: sites, forward with a site hook, taps."""
+    """What a decomposition needs of any target: sites, a forward that runs its layers as one
+    body (a scan over layer-stacked weights) calling `sites.hook` per decomposed kind, taps."""
 
     @property
     def table(self) -> SiteTable: ...
@@ -41,15 +43,14 @@ class Target(Protocol):
         """The output divergence D(masked, clean) of SPEC §5."""
         ...
 
-    def forward(self, params: hk.Params, x: Batch, site: SiteHook) -> Output: ...
+    def forward(self, params: hk.Params, x: Batch, sites: Sites) -> Output: ...
 
-    def weights(self, params: hk.Params) -> dict[str, Float[Array, "d_in d_out"]]: ...
+    def weights(self, params: hk.Params) -> dict[str, Float[Array, "_L _d_in _d_out"]]:
+        """The frozen W of every decomposed kind, stacked over the target's layers."""
+        ...
 
     def taps(self, params: hk.Params, x: Batch) -> tuple[Taps, Output]:
-        """S4: every clean-path activation a CI function may read, by name, and the clean output.
-
-        Site inputs are keyed by site name; other taps are target-specific (`resid.{i}`).
-        """
+        """S4: the clean-path activations a CI function may read, and the clean output."""
         ...
 
 
@@ -86,19 +87,3 @@ def as_toy(target: Target) -> ToyTarget:
     if not isinstance(target, ToyTarget):
         raise TypeError(f"{type(target).__name__} is not a toy target with a known answer")
     return target
-
-
-def site_input_taps(
-    forward: Callable[[hk.Params, Batch, SiteHook], Output], params: hk.Params, x: Batch
-) -> tuple[Taps, Output]:
-    """Each site's clean-path input keyed by site name, and the clean output (S3, S4)."""
-    seen: Taps = {}
-
-    def record(
-        name: str, h: Float[Array, "*L d_in"], W: Float[Array, "d_in d_out"]
-    ) -> Float[Array, "*L d_out"]:
-        seen[name] = h
-        return h @ W
-
-    clean = forward(params, x, record)
-    return seen, clean

@@ -3,7 +3,8 @@
 A directory holds `config.json` and either `model.safetensors` or a sharded
 `model.safetensors.index.json` (its `weight_map` names the shard of every tensor). HF Linear
 weights are `[out, in]`; pd's are `[d_in, d_out]`, so projections and the head are transposed.
-The parameter tree is the one `pd.targets.llama` documents.
+The parameter tree is the one `pd.targets.llama` documents: per-layer tensors are written into
+layer-stacked buffers directly.
 
 Tensors are read with safetensors' numpy backend: safetensors 0.8 returns BF16 tensors as numpy
 arrays of `ml_dtypes.bfloat16` (the dtype jax itself uses), so bf16 and fp32 checkpoints load
@@ -22,8 +23,6 @@ import haiku as hk
 import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
-from jax.typing import DTypeLike
-from jaxtyping import Array
 from safetensors import SafetensorError, safe_open
 
 from pd.targets.llama import KINDS, LlamaArch
@@ -51,12 +50,14 @@ class CheckpointError(ValueError):
 
 
 class _Tensor(NamedTuple):
-    """One tensor pd needs: HF name, pd parameter name, HF shape, whether to transpose."""
+    """One tensor pd needs: HF name, pd parameter name, HF shape, whether to transpose, and
+    the layer it fills in a layer-stacked parameter (-1: not stacked)."""
 
     hf: str
     pd: str
     shape: tuple[int, ...]
     transpose: bool
+    layer: int = -1
 
 
 class _Stored(NamedTuple):
@@ -86,11 +87,17 @@ def load_hf(path: str | Path, dtype: str | None = None) -> tuple[LlamaArch, hk.P
     if dtype is None:
         codes = {s.dtype for s in stored.values()}
         dtype = "bfloat16" if codes == {"BF16"} else "float32"
-    params: dict[str, Array] = {}
+    # Host buffers in the layer-stacked layout, filled one tensor at a time, then moved once.
+    buffers: dict[str, npt.NDArray[np.generic]] = {}
+    np_dtype = np.dtype(_DTYPES[dtype])
+    for t in stored:
+        shape = t.shape[::-1] if t.transpose else t.shape
+        if t.pd not in buffers:
+            lead = (arch.n_layers,) if t.layer >= 0 else ()
+            buffers[t.pd] = np.empty((*lead, *shape), np_dtype)
     for file in sorted({s.file for s in stored.values()}):
-        wanted = [t for t, s in stored.items() if s.file == file]
-        params.update(_read(file, wanted, _DTYPES[dtype]))
-    return arch, {"~": params}
+        _read(file, [t for t, s in stored.items() if s.file == file], buffers)
+    return arch, {"~": {name: jnp.asarray(b) for name, b in buffers.items()}}
 
 
 def read_config(file: Path) -> LlamaArch:
@@ -168,14 +175,11 @@ def _layout(a: LlamaArch) -> list[_Tensor]:
     out = [_Tensor("model.embed_tokens.weight", "embed", (a.vocab, d), False)]
     for i in range(a.n_layers):
         pre = f"model.layers.{i}."
-        out.append(_Tensor(pre + "input_layernorm.weight", f"layers_{i}_attn_norm", (d,), False))
-        out.append(
-            _Tensor(pre + "post_attention_layernorm.weight", f"layers_{i}_mlp_norm", (d,), False)
-        )
+        out.append(_Tensor(pre + "input_layernorm.weight", "attn_norm", (d,), False, i))
+        out.append(_Tensor(pre + "post_attention_layernorm.weight", "mlp_norm", (d,), False, i))
         for kind in KINDS:
             d_in, d_out = a.site_shape(kind)
-            hf = f"{pre}{_HF_PROJ[kind]}.weight"
-            out.append(_Tensor(hf, f"layers_{i}_{kind}", (d_out, d_in), True))
+            out.append(_Tensor(f"{pre}{_HF_PROJ[kind]}.weight", kind, (d_out, d_in), True, i))
     out.append(_Tensor("model.norm.weight", "final_norm", (d,), False))
     if not a.tie_embeddings:  # a tied checkpoint may still store lm_head; it is ignored
         out.append(_Tensor("lm_head.weight", "head", (a.vocab, d), True))
@@ -260,17 +264,16 @@ def _header(file: Path) -> dict[str, _Stored]:
         ) from e
 
 
-def _read(file: Path, tensors: list[_Tensor], dtype: DTypeLike) -> dict[str, Array]:
-    """The pd parameters stored in one safetensors file, converted one tensor at a time (host
-    memory holds one tensor, not a whole shard)."""
+def _read(file: Path, tensors: list[_Tensor], buffers: dict[str, npt.NDArray[np.generic]]) -> None:
+    """Copy the tensors stored in one safetensors file into their buffers, converted one at a
+    time (beyond the buffers, host memory holds one tensor, not a whole shard)."""
     try:
         with safe_open(file, framework="numpy") as f:
             get: Callable[[str], npt.NDArray[np.generic]] = f.get_tensor
-            out: dict[str, Array] = {}
             for t in tensors:
                 value = get(t.hf)  # BF16 arrives as an ml_dtypes.bfloat16 numpy array
-                out[t.pd] = jnp.asarray(value.T if t.transpose else value, dtype=dtype)
-            return out
+                dest = buffers[t.pd] if t.layer < 0 else buffers[t.pd][t.layer]
+                dest[...] = value.T if t.transpose else value
     except (SafetensorError, OSError, TypeError) as e:  # TypeError: a safetensors without bf16
         raise CheckpointError(
             f"{file} cannot be read ({e}), expected a complete safetensors file"

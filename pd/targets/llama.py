@@ -4,17 +4,20 @@ The forward follows Hugging Face's `LlamaForCausalLM` so that `pd.targets.hf.loa
 give the same logits. Weights are right-multiplied, `y = x @ W` with `W: [d_in, d_out]` (HF's
 Linear weights transposed).
 
-Haiku parameters, all module-less (under `"~"`):
+The layers run as one checkpointed body under `lax.scan` over layer-stacked weights, so the
+program's size does not grow with depth. Haiku parameters, all module-less (under `"~"`), the
+per-layer ones stacked on a leading `[n_layers]` axis:
 
 | name | shape |
 |---|---|
 | `embed` | `[vocab, d_model]` |
-| `layers_{i}_attn_norm`, `layers_{i}_mlp_norm`, `final_norm` | `[d_model]` |
-| `layers_{i}_q` | `[d_model, n_heads · head_dim]` |
-| `layers_{i}_k`, `layers_{i}_v` | `[d_model, n_kv_heads · head_dim]` |
-| `layers_{i}_o` | `[n_heads · head_dim, d_model]` |
-| `layers_{i}_gate`, `layers_{i}_up` | `[d_model, d_mlp]` |
-| `layers_{i}_down` | `[d_mlp, d_model]` |
+| `final_norm` | `[d_model]` |
+| `attn_norm`, `mlp_norm` | `[n_layers, d_model]` |
+| `q` | `[n_layers, d_model, n_heads · head_dim]` |
+| `k`, `v` | `[n_layers, d_model, n_kv_heads · head_dim]` |
+| `o` | `[n_layers, n_heads · head_dim, d_model]` |
+| `gate`, `up` | `[n_layers, d_model, d_mlp]` |
+| `down` | `[n_layers, d_mlp, d_model]` |
 | `head` | `[d_model, vocab]`, absent with tied embeddings (`head = embed.T`) |
 """
 
@@ -27,9 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Key
 
+from pd.decompose import FROZEN, LayerSites, Sites, apply_site
 from pd.rope import rope, rope_tables
 from pd.sites import SiteSpec, SiteTable
-from pd.targets.base import Divergence, SiteHook, Taps, frozen_site, site_input_taps
+from pd.targets.base import Divergence, LayerTaps, Taps, input_tap
 
 # The transformer kind order of canonical site order (SPEC §2).
 KINDS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -106,7 +110,6 @@ class Llama:
     kind_C: tuple[tuple[str, int], ...]  # decomposed kinds and their C
     layers: tuple[int, ...]  # decomposed layers
     table: SiteTable = field(init=False)
-    _param_of: dict[str, str] = field(init=False, repr=False, compare=False)
     _net: hk.Transformed = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -130,11 +133,10 @@ class Llama:
         Cs = dict(self.kind_C)
         # Canonical order regardless of the order given: layer ascending, then KINDS (SPEC §2).
         order = [(i, k) for i in sorted(self.layers) for k in KINDS if k in Cs]
-        sites = tuple(SiteSpec(site_name(i, k), *self.arch.site_shape(k), Cs[k]) for i, k in order)
-        object.__setattr__(self, "table", SiteTable(sites))
-        object.__setattr__(
-            self, "_param_of", {site_name(i, k): f"layers_{i}_{k}" for i, k in order}
+        sites = tuple(
+            SiteSpec(site_name(i, k), *self.arch.site_shape(k), Cs[k], i, k) for i, k in order
         )
+        object.__setattr__(self, "table", SiteTable(sites, self.arch.n_layers))
         object.__setattr__(self, "_net", hk.without_apply_rng(hk.transform(self._forward)))
 
     @property
@@ -143,88 +145,88 @@ class Llama:
 
     def init(self, key: Key[Array, ""]) -> hk.Params:
         """Small fp32 init for training in-process: matrices N(0, 0.02²), norm weights 1."""
-        params: hk.Params = self._net.init(key, jnp.zeros((1, 1), jnp.int32), frozen_site)
+        params: hk.Params = self._net.init(key, jnp.zeros((1, 1), jnp.int32), FROZEN)
         return params
 
     def forward(
-        self, params: hk.Params, tokens: Int[Array, "B T"], site: SiteHook
+        self, params: hk.Params, tokens: Int[Array, "B T"], sites: Sites
     ) -> Float[Array, "B T vocab"]:
-        """fp32 logits; every decomposed matmul goes through `site(name, x, W)`."""
-        logits, _ = self._apply(params, tokens, site)
-        return logits
+        """fp32 logits; every decomposed matmul goes through `sites.hook`."""
+        return self._apply(params, tokens, sites)[0]
 
-    def weights(self, params: hk.Params) -> dict[str, Float[Array, "d_in d_out"]]:
-        """Each site's frozen `W: [d_in, d_out]` (in the params' dtype), in canonical order."""
-        return {s: params["~"][p] for s, p in self._param_of.items()}
+    def weights(self, params: hk.Params) -> dict[str, Float[Array, "L d_in d_out"]]:
+        """Each decomposed kind's frozen `W: [n_layers, d_in, d_out]` (in the params' dtype)."""
+        return {k: params["~"][k] for k in self.table.kinds}
 
     def taps(
         self, params: hk.Params, tokens: Int[Array, "B T"]
     ) -> tuple[Taps, Float[Array, "B T vocab"]]:
-        """S4: every site's clean-path input by site name, and `resid.{i}` for i in
-        0..n_layers, the residual stream entering layer i (`resid.{n_layers}`: before the final
-        norm); plus the clean logits."""
-        resid: list[Float[Array, "B T d"]] = []
-
-        def forward(
-            p: hk.Params, x: Int[Array, "B T"], site: SiteHook
-        ) -> Float[Array, "B T vocab"]:
-            logits, hs = self._apply(p, x, site)
-            resid.extend(hs)
-            return logits
-
-        taps, logits = site_input_taps(forward, params, tokens)
-        taps.update({f"resid.{i}": h for i, h in enumerate(resid)})
+        """S4: `in.{kind}`, every decomposed kind's input per layer, and `resid`, the residual
+        stream entering each layer (`resid[n_layers]`: before the final norm); and the clean
+        logits."""
+        logits, taps = self._apply(params, tokens, FROZEN)
         return taps, logits
 
     def _apply(
-        self, params: hk.Params, tokens: Int[Array, "B T"], site: SiteHook
-    ) -> tuple[Float[Array, "B T vocab"], tuple[Float[Array, "B T d"], ...]]:
-        out: tuple[Float[Array, "B T vocab"], tuple[Float[Array, "B T d"], ...]]
-        out = self._net.apply(params, tokens, site)
+        self, params: hk.Params, tokens: Int[Array, "B T"], sites: Sites
+    ) -> tuple[Float[Array, "B T vocab"], Taps]:
+        out: tuple[Float[Array, "B T vocab"], Taps] = self._net.apply(params, tokens, sites)
         return out
 
     def _forward(
-        self, tokens: Int[Array, "B T"], site: SiteHook
-    ) -> tuple[Float[Array, "B T vocab"], tuple[Float[Array, "B T d"], ...]]:
-        """The logits (fp32) and the residual stream entering every layer and the final norm."""
+        self, tokens: Int[Array, "B T"], sites: Sites
+    ) -> tuple[Float[Array, "B T vocab"], Taps]:
+        """The logits (fp32) and the taps: the residual stream entering every layer and the
+        final norm, and every decomposed kind's input per layer."""
         a = self.arch
         B, T = tokens.shape
         hd, q_heads, kv_heads = a.head_dim, a.n_heads, a.n_kv_heads
-        normal = hk.initializers.RandomNormal(0.02)
-
-        def norm(name: str, h: Float[Array, "B T d"]) -> Float[Array, "B T d"]:
-            w = hk.get_parameter(name, (a.d_model,), init=jnp.ones)
-            return rms_norm(h, w, a.rms_eps)
-
-        def proj(layer: int, kind: str, x: Float[Array, "B T d_in"]) -> Float[Array, "B T d_out"]:
-            W = hk.get_parameter(f"layers_{layer}_{kind}", a.site_shape(kind), init=normal)
-            name = site_name(layer, kind)
-            return site(name, x, W) if name in self._param_of else x @ W
-
+        L, normal = a.n_layers, hk.initializers.RandomNormal(0.02)
+        stacked = {k: hk.get_parameter(k, (L, *a.site_shape(k)), init=normal) for k in KINDS}
+        for name in ("attn_norm", "mlp_norm"):
+            stacked[name] = hk.get_parameter(name, (L, a.d_model), init=jnp.ones)
         embed = hk.get_parameter("embed", (a.vocab, a.d_model), init=normal)
-        h = embed[tokens]
-        cos, sin = rope_tables(T, hd, a.rope_base, h.dtype)
-        # Built on device from iotas, not a [T, T] constant baked into the program.
-        causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]
-        resid: list[Float[Array, "B T d"]] = []
-        for i in range(a.n_layers):
-            resid.append(h)
-            x = norm(f"layers_{i}_attn_norm", h)
-            # q/k/v are sites before RoPE; the rotation is not part of any decomposed matmul.
-            q = rope(proj(i, "q", x).reshape(B, T, q_heads, hd), cos, sin)
-            k = rope(proj(i, "k", x).reshape(B, T, kv_heads, hd), cos, sin)
-            v = proj(i, "v", x).reshape(B, T, kv_heads, hd)
-            h = h + proj(i, "o", attention(q, k, v, causal).reshape(B, T, q_heads * hd))
-            x = norm(f"layers_{i}_mlp_norm", h)
-            h = h + proj(i, "down", jax.nn.silu(proj(i, "gate", x)) * proj(i, "up", x))
-        resid.append(h)
-        h = norm("final_norm", h)
+        final_norm = hk.get_parameter("final_norm", (a.d_model,), init=jnp.ones)
         if a.tie_embeddings:
             W_head = embed.T
         else:
             W_head = hk.get_parameter("head", (a.d_model, a.vocab), init=normal)
+        h = embed[tokens]
+        cos, sin = rope_tables(T, hd, a.rope_base, h.dtype)
+        # Built on device from iotas, not a [T, T] constant baked into the program.
+        causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]
+        recorded = self.table.kinds
+
+        # One layer's body; checkpointed, so the backward recomputes a layer instead of keeping
+        # every layer's activations.
+        @jax.checkpoint
+        def layer(
+            h: Float[Array, "B T d"], xs: tuple[dict[str, Array], dict[str, LayerSites]]
+        ) -> tuple[Float[Array, "B T d"], LayerTaps]:
+            w, here = xs
+
+            def proj(kind: str, x: Float[Array, "B T d_in"]) -> Float[Array, "B T d_out"]:
+                return apply_site(sites.hook, here, kind, x, w[kind])
+
+            x_attn = rms_norm(h, w["attn_norm"], a.rms_eps)
+            # q/k/v are sites before RoPE; the rotation is not part of any decomposed matmul.
+            q = rope(proj("q", x_attn).reshape(B, T, q_heads, hd), cos, sin)
+            k = rope(proj("k", x_attn).reshape(B, T, kv_heads, hd), cos, sin)
+            v = proj("v", x_attn).reshape(B, T, kv_heads, hd)
+            x_o = attention(q, k, v, causal).reshape(B, T, q_heads * hd)
+            h_mid = h + proj("o", x_o)
+            x_mlp = rms_norm(h_mid, w["mlp_norm"], a.rms_eps)
+            x_down = jax.nn.silu(proj("gate", x_mlp)) * proj("up", x_mlp)
+            inputs = {"q": x_attn, "k": x_attn, "v": x_attn, "o": x_o}
+            inputs.update({"gate": x_mlp, "up": x_mlp, "down": x_down})
+            taps = {input_tap(kind): inputs[kind] for kind in recorded}
+            return h_mid + proj("down", x_down), {"resid": h, **taps}
+
+        h, taps = jax.lax.scan(layer, h, (stacked, sites.layers))
+        taps["resid"] = jnp.concatenate([taps["resid"], h[None]])
+        h = rms_norm(h, final_norm, a.rms_eps)
         logits = jnp.matmul(h, W_head, preferred_element_type=jnp.float32)
-        return logits, tuple(resid)
+        return logits, taps
 
 
 def rms_norm(x: Float[Array, "*L d"], w: Float[Array, " d"], eps: float) -> Float[Array, "*L d"]:

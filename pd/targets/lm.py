@@ -13,6 +13,7 @@ import optax
 from jaxtyping import Array, Float, Int, Key
 
 from pd.data import TokenSource, load_tokens, synthetic_corpus
+from pd.decompose import FROZEN
 from pd.targets.base import Target, as_toy
 from pd.targets.configs import LLAMA_KINDS, KindC, LlamaConfig, TargetConfig
 from pd.targets.hf import CONFIG, load_hf, read_config
@@ -80,7 +81,7 @@ def next_token_loss(
     model: Llama, params: hk.Params, windows: Int[Array, "B Tp1"]
 ) -> Float[Array, ""]:
     """Mean cross-entropy of each window's tokens 1.. given the tokens before them."""
-    logits = model.forward(params, windows[:, :-1], lambda _, x, W: x @ W)
+    logits = model.forward(params, windows[:, :-1], FROZEN)
     log_q = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.mean(jnp.take_along_axis(log_q, windows[:, 1:, None], axis=-1))
 

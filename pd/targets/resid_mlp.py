@@ -1,14 +1,17 @@
 """Residual MLP toy: `r = x W_E; r += ReLU(r W_in) W_out` per layer; output `r W_Eᵀ` (SPEC §12)."""
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
+from pd.decompose import FROZEN, LayerSites, Sites, apply_site
+from pd.init import scaled_normal
 from pd.sites import SiteSpec, SiteTable
-from pd.targets.base import Divergence, SiteHook, Taps, TrainParams, site_input_taps
+from pd.targets.base import Divergence, LayerTaps, Taps, TrainParams, input_tap
 
 
 @dataclass(frozen=True)
@@ -22,35 +25,48 @@ class ResidMLP:
     feature_prob: float
     C: int
     table: SiteTable = field(init=False)
-    _net: hk.Transformed = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         d, h = self.d_embed, self.d_mlp
         sites: list[SiteSpec] = []
         for i in range(self.n_layers):
-            sites += [SiteSpec(f"layers.{i}.mlp_in", d, h, self.C)]
-            sites += [SiteSpec(f"layers.{i}.mlp_out", h, d, self.C)]
+            sites += [SiteSpec(f"layers.{i}.mlp_in", d, h, self.C, i, "mlp_in")]
+            sites += [SiteSpec(f"layers.{i}.mlp_out", h, d, self.C, i, "mlp_out")]
         object.__setattr__(self, "table", SiteTable(tuple(sites)))
-
-        def forward(x: Float[Array, "B n"], site: SiteHook) -> Float[Array, "B n"]:
-            W_E = hk.get_parameter("embed", (self.n_features, d), init=jnp.zeros)
-            r = x @ W_E
-            for i in range(self.n_layers):
-                W_in = hk.get_parameter(f"layers_{i}_mlp_in", (d, h), init=jnp.zeros)
-                W_out = hk.get_parameter(f"layers_{i}_mlp_out", (h, d), init=jnp.zeros)
-                hidden = jax.nn.relu(site(f"layers.{i}.mlp_in", r, W_in))
-                r = r + site(f"layers.{i}.mlp_out", hidden, W_out)
-            return r @ W_E.T
-
-        object.__setattr__(self, "_net", hk.without_apply_rng(hk.transform(forward)))
 
     @property
     def divergence(self) -> Divergence:
         return "mse"
 
+    def _apply(
+        self, params: hk.Params, x: Float[Array, "B n"], sites: Sites
+    ) -> tuple[Float[Array, "B n"], Taps]:
+        """The output and every site's input, the layers under one checkpointed scan."""
+        p = params["~"]
+        W_E = p["embed"]
+
+        @jax.checkpoint
+        def layer(
+            r: Float[Array, "B d"],
+            xs: tuple[Float[Array, "d h"], Float[Array, "h d"], dict[str, LayerSites]],
+        ) -> tuple[Float[Array, "B d"], LayerTaps]:
+            W_in, W_out, here = xs
+            hidden = jax.nn.relu(apply_site(sites.hook, here, "mlp_in", r, W_in))
+            out = r + apply_site(sites.hook, here, "mlp_out", hidden, W_out)
+            return out, {input_tap("mlp_in"): r, input_tap("mlp_out"): hidden}
+
+        r, taps = jax.lax.scan(layer, x @ W_E, (p["mlp_in"], p["mlp_out"], sites.layers))
+        return r @ W_E.T, taps
+
+    def forward(
+        self, params: hk.Params, x: Float[Array, "B n"], sites: Sites
+    ) -> Float[Array, "B n"]:
+        return self._apply(params, x, sites)[0]
+
     def taps(self, params: hk.Params, x: Float[Array, "B n"]) -> tuple[Taps, Float[Array, "B n"]]:
-        """S4: each site's clean-path input, keyed by site name, and the clean output."""
-        return site_input_taps(self.forward, params, x)
+        """S4: each site's clean-path input (stacked per kind) and the clean output."""
+        out, taps = self._apply(params, x, FROZEN)
+        return taps, out
 
     @property
     def dense_sites(self) -> dict[str, int]:
@@ -61,15 +77,9 @@ class ResidMLP:
     def feature_sites(self) -> tuple[str, ...]:
         return ()
 
-    def forward(
-        self, params: hk.Params, x: Float[Array, "B n"], site: SiteHook
-    ) -> Float[Array, "B n"]:
-        out: Float[Array, "B n"] = self._net.apply(params, x, site)
-        return out
-
-    def weights(self, params: hk.Params) -> dict[str, Float[Array, "d_in d_out"]]:
+    def weights(self, params: hk.Params) -> dict[str, Float[Array, "L d_in d_out"]]:
         p = params["~"]
-        return {s: p[s.replace(".", "_")] for s in self.table.names}
+        return {"mlp_in": p["mlp_in"], "mlp_out": p["mlp_out"]}
 
     def sample(self, key: Key[Array, ""], batch_size: int) -> Float[Array, "B n"]:
         """Each feature active with probability `feature_prob`, value U[−1, 1]."""
@@ -84,16 +94,14 @@ class ResidMLP:
     def init_train(self, key: Key[Array, ""]) -> TrainParams:
         k_embed, *k_layers = jax.random.split(key, 1 + 2 * self.n_layers)
         W_E = jax.random.normal(k_embed, (self.n_features, self.d_embed))
-        p = {"embed": W_E / jnp.linalg.norm(W_E, axis=1, keepdims=True)}
-        for i in range(self.n_layers):
-            k_in, k_out = k_layers[2 * i], k_layers[2 * i + 1]
-            p[f"layers_{i}_mlp_in"] = jax.random.normal(
-                k_in, (self.d_embed, self.d_mlp)
-            ) / jnp.sqrt(self.d_embed)
-            p[f"layers_{i}_mlp_out"] = jax.random.normal(
-                k_out, (self.d_mlp, self.d_embed)
-            ) / jnp.sqrt(self.d_mlp)
-        return p
+        d, h = self.d_embed, self.d_mlp
+        # Layer i draws W_in from k_layers[2i] and W_out from k_layers[2i + 1], stacked.
+        k_in, k_out = jnp.stack(k_layers[0::2]), jnp.stack(k_layers[1::2])
+        return {
+            "embed": W_E / jnp.linalg.norm(W_E, axis=1, keepdims=True),
+            "mlp_in": jax.vmap(partial(scaled_normal, shape=(d, h)))(k_in),
+            "mlp_out": jax.vmap(partial(scaled_normal, shape=(h, d)))(k_out),
+        }
 
     def expand(self, trainable: TrainParams) -> hk.Params:
         """The embedding is fixed: it enters the forward without gradient."""

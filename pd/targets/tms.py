@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Key
 
+from pd.decompose import FROZEN, Sites, apply_site, layer_of
 from pd.sites import SiteSpec, SiteTable
-from pd.targets.base import Divergence, SiteHook, Taps, TrainParams, site_input_taps
+from pd.targets.base import Divergence, Taps, TrainParams, input_tap
 
 
 @dataclass(frozen=True)
@@ -22,31 +23,45 @@ class TMS:
     feature_prob: float
     C: int
     table: SiteTable = field(init=False)
-    _net: hk.Transformed = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n, m = self.n_features, self.n_hidden
         sites = [SiteSpec("linear1", n, m, self.C)]
         sites += [SiteSpec(f"hidden.{i}", m, m, self.C) for i in range(self.n_identity)]
         sites.append(SiteSpec("linear2", m, n, self.C))
+        # Every site is a kind of its own in the one layer (SPEC §12's layout needs no scan).
         object.__setattr__(self, "table", SiteTable(tuple(sites)))
-
-        def forward(x: Float[Array, "B n"], site: SiteHook) -> Float[Array, "B n"]:
-            h = site("linear1", x, hk.get_parameter("linear1", (n, m), init=jnp.zeros))
-            for i in range(self.n_identity):
-                h = site(f"hidden.{i}", h, hk.get_parameter(f"hidden_{i}", (m, m), init=jnp.zeros))
-            out = site("linear2", h, hk.get_parameter("linear2", (m, n), init=jnp.zeros))
-            return jax.nn.relu(out + hk.get_parameter("b", (n,), init=jnp.zeros))
-
-        object.__setattr__(self, "_net", hk.without_apply_rng(hk.transform(forward)))
 
     @property
     def divergence(self) -> Divergence:
         return "mse"
 
+    def _apply(
+        self, params: hk.Params, x: Float[Array, "B n"], sites: Sites
+    ) -> tuple[Float[Array, "B n"], Taps]:
+        """The output and every site's input (`in.{site}`, one layer)."""
+        p, layer = params["~"], layer_of(sites, 0)
+        taps: Taps = {}
+
+        def site(name: str, h: Float[Array, "B d"], W: Float[Array, "d e"]) -> Float[Array, "B e"]:
+            taps[input_tap(name)] = h[None]
+            return apply_site(sites.hook, layer, name, h, W)
+
+        h = site("linear1", x, p["linear1"])
+        for i in range(self.n_identity):
+            h = site(f"hidden.{i}", h, p[f"hidden_{i}"])
+        out = jax.nn.relu(site("linear2", h, p["linear2"]) + p["b"])
+        return out, taps
+
+    def forward(
+        self, params: hk.Params, x: Float[Array, "B n"], sites: Sites
+    ) -> Float[Array, "B n"]:
+        return self._apply(params, x, sites)[0]
+
     def taps(self, params: hk.Params, x: Float[Array, "B n"]) -> tuple[Taps, Float[Array, "B n"]]:
-        """S4: each site's clean-path input, keyed by site name, and the clean output."""
-        return site_input_taps(self.forward, params, x)
+        """S4: each site's clean-path input and the clean output."""
+        out, taps = self._apply(params, x, FROZEN)
+        return taps, out
 
     @property
     def dense_sites(self) -> dict[str, int]:
@@ -59,17 +74,11 @@ class TMS:
         (any read direction with the right projection reconstructs), so it is not scored."""
         return ("linear1",)
 
-    def forward(
-        self, params: hk.Params, x: Float[Array, "B n"], site: SiteHook
-    ) -> Float[Array, "B n"]:
-        out: Float[Array, "B n"] = self._net.apply(params, x, site)
-        return out
-
-    def weights(self, params: hk.Params) -> dict[str, Float[Array, "d_in d_out"]]:
+    def weights(self, params: hk.Params) -> dict[str, Float[Array, "1 d_in d_out"]]:
         p = params["~"]
         names = {"linear1": "linear1", "linear2": "linear2"}
         names.update({f"hidden.{i}": f"hidden_{i}" for i in range(self.n_identity)})
-        return {site: p[key] for site, key in names.items()}
+        return {site: p[key][None] for site, key in names.items()}
 
     def sample(self, key: Key[Array, ""], batch_size: int) -> Float[Array, "B n"]:
         """Each feature active with probability `feature_prob`, value U[0, 1]."""

@@ -16,7 +16,8 @@ import numpy as np
 import optax
 from jaxtyping import Array, Float, Key
 
-from pd.targets.base import ToyTarget, TrainParams, frozen_site
+from pd.decompose import FROZEN
+from pd.targets.base import ToyTarget, TrainParams
 from pd.targets.configs import TargetConfig, TargetTraining
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def _fit(
     tx = optax.adamw(learning_rate=lr, weight_decay=0.0)
 
     def loss_fn(trainable: TrainParams, x: Float[Array, "B n"]) -> Float[Array, ""]:
-        y = target.forward(target.expand(trainable), x, frozen_site)
+        y = target.forward(target.expand(trainable), x, FROZEN)
         return jnp.mean((y - target.label(x)) ** 2)
 
     def fit(key: Key[Array, ""]) -> tuple[TrainParams, Float[Array, ""]]:
@@ -93,8 +94,13 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PD_CACHE_DIR", Path.home() / ".cache" / "pd"))
 
 
+# Bumped when a target's parameter layout changes (2: layer-stacked weights), so that no cache
+# entry of an older layout is read.
+LAYOUT = 2
+
+
 def _cache_key(cfg: TargetConfig) -> str:
-    blob = json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()
+    blob = json.dumps({"layout": LAYOUT, **dataclasses.asdict(cfg)}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

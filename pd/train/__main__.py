@@ -57,8 +57,10 @@ def _compile_only(config: RunConfig) -> int:
     setup_logging()
     from pd.train.compile_only import compile_only
 
-    times = compile_only(config)
+    times, flops = compile_only(config)
     print(times.table())
+    for name, value in flops.items():
+        print(f"{name}: {value / 1e12:.3f} TFLOP per device (XLA cost analysis)")
     return 0
 
 

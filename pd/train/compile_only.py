@@ -29,8 +29,9 @@ def abstract(tree: object, shardings: object) -> object:
     )
 
 
-def compile_only(config: RunConfig) -> CompileTimes:
-    """Lower and compile the run's initializer and step; returns the compile table."""
+def compile_only(config: RunConfig) -> tuple[CompileTimes, dict[str, float]]:
+    """Lower and compile the run's initializer and step; returns the compile table and each
+    compiled program's FLOPs as XLA's cost analysis counts them (per device)."""
     if not isinstance(config.target, LlamaConfig):
         raise ConfigError(
             f"--compile-only needs a language-model target, not '{config.target.kind}'"
@@ -53,8 +54,9 @@ def compile_only(config: RunConfig) -> CompileTimes:
     )
     with recording() as times:
         init = jitted_init(recipe, mesh)
-        init.trace(key, key).lower().compile()  # type: ignore[attr-defined]  # jit's AOT API
+        compiled = {"init_train_state": init.trace(key, key).lower().compile()}  # type: ignore[attr-defined]  # jit's AOT API
         state = abstract(jax.eval_shape(init, key, key), shardings)
         step = make_train_step(recipe, shardings)
-        step.trace(state, frozen, batch, key).lower().compile()  # type: ignore[attr-defined]  # jit's AOT API
-    return times
+        compiled["train_step"] = step.trace(state, frozen, batch, key).lower().compile()  # type: ignore[attr-defined]  # jit's AOT API
+    flops = {name: float(c.cost_analysis().get("flops", 0.0)) for name, c in compiled.items()}
+    return times, flops

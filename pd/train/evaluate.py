@@ -10,11 +10,12 @@ from jaxtyping import Array, Float, Key
 from scipy.optimize import linear_sum_assignment
 
 from pd.ci import GroupParams
+from pd.decompose import site_weights
 from pd.state import Components, TrainState
 from pd.targets.base import Batch, as_toy
-from pd.train.step import Metrics, Recipe
+from pd.train.step import CI_ACTIVE, Metrics, Recipe, evaluate_batch, flat_metrics
 
-ALIVE_THRESHOLD = 0.1
+ALIVE_THRESHOLD = CI_ACTIVE  # alive: CI above 0.1 on some evaluation sample (SPEC §13)
 
 
 def identity_ci_error(ci: np.ndarray, tol: float) -> int:
@@ -73,11 +74,8 @@ def make_eval_step(recipe: Recipe) -> EvalFn:
     def eval_step(
         state: TrainState, frozen: hk.Params, x: Batch, key: Key[Array, ""]
     ) -> tuple[Metrics, tuple[Float[Array, "_n _C"], ...]]:
-        metrics, ci = recipe.evaluate_batch(state, frozen, x, key)  # CI computed once
-        return metrics, tuple(
-            jnp.max(lower.reshape(lower.shape[0], -1, lower.shape[-1]), axis=1)
-            for lower in ci.lower
-        )
+        metrics, ci = evaluate_batch(recipe, state, frozen, x, key)  # CI computed once
+        return metrics, tuple(site_max(lower) for lower in ci.lower)
 
     fn: EvalFn = jax.jit(eval_step)
     return fn
@@ -110,8 +108,8 @@ def evaluate(
     for b in range(n_batches):
         k_data, k_step = jax.random.split(jax.random.fold_in(key, b))
         metrics, maxes = jax.device_get(eval_step(state, frozen, sample(k_data, batch), k_step))
-        for name, value in metrics.items():
-            sums[name] = sums.get(name, 0.0) + float(value) / n_batches
+        for name, value in flat_metrics(table, metrics).items():
+            sums[name] = sums.get(name, 0.0) + value / n_batches
         ci_max = [np.maximum(a, m) for a, m in zip(ci_max, maxes, strict=True)]
     summary = {k: v for k, v in sums.items() if k.startswith(("loss/", "monitor/", "ci_l0/"))}
     summary["eval/n_samples"] = float(n_batches * batch)
@@ -129,7 +127,7 @@ def evaluate(
                 summary[f"identity_ci_error_{tol}/{name}"] = float(identity_ci_error(ci, tol))
             else:
                 summary[f"dense_ci_error_{tol}/{name}"] = float(dense_ci_error(ci, k, tol))
-    weights = target.weights(frozen)
+    weights = site_weights(table, target.weights(frozen))
     comps = table.views(state.components.V), table.views(state.components.U)
     for name in target.feature_sites:
         W, V, U = (np.asarray(a) for a in (weights[name], comps[0][name], comps[1][name]))

@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, Key
 
+from pd.decompose import Constant, Draw, Persistent
 from pd.losses import kl
 from pd.state import TrainState
 from pd.targets.base import Output
 from pd.train.evaluate import ALIVE_THRESHOLD, site_max
-from pd.train.step import LiveSite, Metrics, Recipe, constant_source, persistent_source
+from pd.train.step import Metrics, PassInputs, Recipe, ci_l0, flat_metrics
 
 Tokens = Int[Array, "B T"]
 LMEvalFn = Callable[
@@ -31,48 +32,26 @@ def next_token_ce(logits: Float[Array, "B T V"], tokens: Tokens) -> Float[Array,
 
 def make_lm_eval_step(recipe: Recipe) -> LMEvalFn:
     """Jitted `eval_step`: KL / CE per mask kind, CI-L0 per site, each site's max CI."""
-    table = recipe.table
 
     def eval_step(
         state: TrainState, frozen: hk.Params, tokens: Tokens, key: Key[Array, ""]
     ) -> tuple[Metrics, tuple[Float[Array, "_n _C"], ...]]:
         comps = state.components
         ci, clean = recipe.ci(state.ci_params, comps, frozen, tokens)
-
-        def stochastic(name: str, ci: Float[Array, "*L C"]) -> Float[Array, "*L Cp1"]:
-            shape = (*ci.shape[:-1], ci.shape[-1] + 1)
-            return jax.random.uniform(jax.random.fold_in(key, table.index(name)), shape)
-
-        zero = {
-            name: LiveSite(
-                jnp.zeros_like(table.view(ci.lower, name)),
-                jnp.zeros(table.view(ci.lower, name).shape[:-1]),
-                None,
-            )
-            for name in table.names
-        }
+        inp = PassInputs(frozen, tokens, comps, ci.lower, clean)
+        no_ci = inp._replace(ci_lower=tuple(jnp.zeros_like(lower) for lower in ci.lower))
         outputs: dict[str, Output] = {
-            "ci_masked": recipe.all_live_output(
-                constant_source(0.0), frozen, tokens, comps, ci.lower
-            ),
-            "unmasked": recipe.all_live_output(
-                constant_source(1.0), frozen, tokens, comps, ci.lower
-            ),
-            "stochastic": recipe.all_live_output(stochastic, frozen, tokens, comps, ci.lower),
-            "zero_masked": recipe.masked_output(frozen, tokens, comps, zero),
+            "ci_masked": recipe.all_live_output(inp, Constant(0.0)),
+            "unmasked": recipe.all_live_output(inp, Constant(1.0)),
+            "stochastic": recipe.all_live_output(inp, Draw(key)),
+            "zero_masked": recipe.all_live_output(no_ci, Constant(0.0)),
         }
         if state.sources:
-            adversarial = persistent_source(table, state.sources)
-            outputs["adversarial"] = recipe.all_live_output(
-                adversarial, frozen, tokens, comps, ci.lower
-            )
-        metrics: Metrics = {"ce/clean": next_token_ce(clean, tokens)}
+            outputs["adversarial"] = recipe.all_live_output(inp, Persistent(), state.sources)
+        metrics: Metrics = {"ce/clean": next_token_ce(clean, tokens), "ci_l0": ci_l0(ci.lower)}
         for kind, out in outputs.items():
             metrics[f"kl/{kind}"] = kl(out, clean)
             metrics[f"ce/{kind}"] = next_token_ce(out, tokens)
-        for name in table.names:
-            active = jnp.sum(table.view(ci.lower, name) > ALIVE_THRESHOLD, axis=-1)
-            metrics[f"ci_l0/{name}"] = jnp.mean(active.astype(jnp.float32))
         return metrics, tuple(site_max(lower) for lower in ci.lower)
 
     fn: LMEvalFn = jax.jit(eval_step)
@@ -95,8 +74,8 @@ def evaluate_lm(
         metrics, maxes = jax.device_get(
             eval_step(state, frozen, batches(b), jax.random.fold_in(key, b))
         )
-        for name, value in metrics.items():
-            sums[name] = sums.get(name, 0.0) + float(value) / n_batches
+        for name, value in flat_metrics(recipe.table, metrics).items():
+            sums[name] = sums.get(name, 0.0) + value / n_batches
         ci_max = [np.maximum(a, m) for a, m in zip(ci_max, maxes, strict=True)]
     summary = dict(sums)
     for name, mx in recipe.table.views(tuple(jnp.asarray(m) for m in ci_max)).items():

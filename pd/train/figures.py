@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from pd.ci import GroupParams
+from pd.decompose import site_weights
 from pd.state import Components, TrainState
 from pd.targets.base import Batch, as_toy
 from pd.train.evaluate import ALIVE_THRESHOLD, probe_ci
@@ -41,7 +42,7 @@ def _components(recipe: Recipe, comps: Components, frozen: hk.Params, path: Path
     """Rank-1 piece norms per site; for 2-d TMS hidden spaces, feature directions as arrows."""
     table = recipe.table
     V, U = table.views(comps.V), table.views(comps.U)
-    weights = recipe.target.weights(frozen)
+    weights = site_weights(table, recipe.target.weights(frozen))
     arrows = [n for n in as_toy(recipe.target).feature_sites if weights[n].shape[1] == 2]
     n_cols = len(table.names) + len(arrows)
     fig, axes = plt.subplots(1, n_cols, figsize=(4 * n_cols, 3.5), squeeze=False)

@@ -16,6 +16,7 @@ from pd.shard import source_shardings, vu_shardings
 from pd.shard.ci import chunk_param_shardings
 from pd.shard.state import replicated, train_state_shardings
 from pd.state import TrainState
+from pd.train.optim import ci_optimizer, component_optimizer
 from pd.train.step import Recipe
 
 
@@ -36,8 +37,8 @@ def initial_state(recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, 
         step=jnp.zeros((), jnp.int32),
         components=comps,
         ci_params=ci_params,
-        opt_components=recipe.component_optimizer().init(comps),
-        opt_ci=recipe.ci_optimizer().init(ci_params),
+        opt_components=component_optimizer(recipe.train).init(comps),
+        opt_ci=ci_optimizer(recipe.train).init(ci_params),
         sources=sources,
         source_opt=init_source_adam(sources),
     )

@@ -39,6 +39,7 @@ from pd.train.step import (
     Recipe,
     batch_key,
     faith_warmup,
+    flat_metrics,
     make_sampler,
     make_train_step,
 )
@@ -149,7 +150,7 @@ def _train(
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
                 evaluated, _ = eval_step(state, frozen, x, batch_key(run_key, step))
                 monitors = {k: v for k, v in evaluated.items() if k.startswith("monitor/")}
-                row = {k: float(v) for k, v in jax.device_get({**metrics, **monitors}).items()}
+                row = flat_metrics(recipe.table, jax.device_get({**metrics, **monitors}))
                 out.write(json.dumps({"step": step, **row}) + "\n")
                 out.flush()  # readable while the run goes on
                 bar.set_postfix(loss=f"{row['loss/total']:.3g}")

@@ -1,79 +1,63 @@
-"""The jitted training step (SPEC §7) and the faithfulness warmup (S21)."""
+"""The jitted training step (SPEC §7) and the faithfulness warmup (S21).
 
-from collections.abc import Callable, Mapping
+The step's program does not grow with depth or with the number of sites: the target runs its
+layers as one scanned body, the entries and mask draws of a reconstruction plan are rows of
+static arrays under one `lax.map`, and the adversary's warmup ascents are a `fori_loop`.
+"""
+
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
-from jax.typing import ArrayLike
-from jaxtyping import Array, Bool, Float, Int, Key
+from jaxtyping import Array, Float, Int, Key
 
-from pd.adversary import Sources, ascend
+from pd.adversary import SourceAdam, Sources, ascend
 from pd.ci import CI, CIFunction, GroupParams
-from pd.decompose import make_mask, site_out
-from pd.losses import faithfulness, importance_terms, kl, mse, recon_plan, uniform_k_routing
+from pd.decompose import (
+    Constant,
+    Draw,
+    Persistent,
+    Sites,
+    SourceMode,
+    decomposed_hook,
+    layer_sites,
+)
+from pd.losses import (
+    faithfulness,
+    importance_terms,
+    kl,
+    mse,
+    plan_arrays,
+    recon_plan,
+    uniform_k_routing,
+)
 from pd.sites import SiteTable
 from pd.state import Components, TrainState
-from pd.targets.base import Batch, Output, SiteHook, Target, ToyTarget, frozen_site
+from pd.targets.base import Batch, Output, Target, ToyTarget
 from pd.train.config import LossConfig, ReconTerm, TrainConfig
-from pd.train.schedule import Schedule, schedule_value
+from pd.train.optim import ci_optimizer, component_optimizer
+from pd.train.schedule import schedule_value
 
-Metrics = dict[str, Float[Array, ""]]
+# Scalars, plus `ci_l0`: one value per site in `SiteTable.group_order` (see `flat_metrics`).
+Metrics = dict[str, Float[Array, "..."]]
 CILower = tuple[Float[Array, "_n B ... _C"], ...]
+CI_ACTIVE = 0.1  # CI-L0 counts subcomponents with ci_lower above this (SPEC §13)
 
 
-class LiveSite(NamedTuple):
-    """What a live site runs with: S1 masks and an optional route."""
+class PassInputs(NamedTuple):
+    """What every masked forward on one batch reads: the frozen target, the batch, the
+    components, the CI (masks only) and the clean output it is compared with."""
 
-    mask: Float[Array, "*L C"]
-    delta_mask: Float[Array, " *L"]
-    route: Bool[Array, " *L"] | None
-
-
-def decomposed_hook(table: SiteTable, comps: Components, live: Mapping[str, LiveSite]) -> SiteHook:
-    """A site hook running `site_out` on live sites and the frozen `x @ W` elsewhere (S2)."""
-
-    def hook(
-        name: str, x: Float[Array, "*L d_in"], W: Float[Array, "d_in d_out"]
-    ) -> Float[Array, "*L d_out"]:
-        if name not in live:
-            return frozen_site(name, x, W)
-        g, j = table.where(name)
-        site = live[name]
-        return site_out(x, W, comps.V[g][j], comps.U[g][j], site.mask, site.delta_mask, site.route)
-
-    return hook
-
-
-def grouped_weights(target: Target, frozen: hk.Params) -> tuple[list[Array], ...]:
-    """The frozen W of every site, per shape group in slot order (views, never a stacked copy)."""
-    return target.table.per_group(target.weights(frozen))
-
-
-SourceOf = Callable[[str, Float[Array, "*L C"]], Float[Array, "*L Cp1"]]
-
-
-def constant_source(value: float) -> SourceOf:
-    """Every channel `value` and the delta channel off (the monitors of SPEC §5)."""
-
-    def source_of(name: str, ci: Float[Array, "*L C"]) -> Float[Array, "*L Cp1"]:
-        return jnp.full((*ci.shape[:-1], ci.shape[-1] + 1), value).at[..., -1].set(0.0)
-
-    return source_of
-
-
-def persistent_source(table: SiteTable, sources: Sources) -> SourceOf:
-    """Each site's persistent source broadcast over the positions (S12)."""
-
-    def source_of(name: str, ci: Float[Array, "*L C"]) -> Float[Array, "*L Cp1"]:
-        g, slot = table.c_where(name)
-        shape = (*ci.shape[:-1], ci.shape[-1] + 1)
-        return jnp.broadcast_to(sources[g][slot].astype(ci.dtype), shape)
-
-    return source_of
+    frozen: hk.Params
+    x: Batch
+    comps: Components
+    ci_lower: CILower
+    clean: Output
 
 
 @dataclass(frozen=True)
@@ -94,23 +78,6 @@ class Recipe:
     def table(self) -> SiteTable:
         return self.target.table
 
-    def _adamw(self, lr: Schedule) -> optax.GradientTransformation:
-        def learning_rate(count: ArrayLike) -> Float[Array, ""]:
-            return schedule_value(lr, self.train.steps, jnp.asarray(count))
-
-        # weight_decay must be set: optax's default is 1e-4, not 0.
-        return optax.adamw(
-            learning_rate=learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0
-        )
-
-    def component_optimizer(self) -> optax.GradientTransformation:
-        """S19: AdamW (0.9, 0.999, 1e-8), weight decay 0, on the (clipped) component gradients."""
-        return self._adamw(self.train.lr)
-
-    def ci_optimizer(self) -> optax.GradientTransformation:
-        """S20: AdamW with the same betas / eps, weight decay 0."""
-        return self._adamw(self.train.ci_lr)
-
     def ci(
         self, ci_params: GroupParams, comps: Components, frozen: hk.Params, x: Batch
     ) -> tuple[CI, Output]:
@@ -122,155 +89,121 @@ class Recipe:
         """D(masked, clean): MSE for toys, KL(clean ‖ masked) for language models (SPEC §5)."""
         return kl(masked, clean) if self.target.divergence == "kl" else mse(masked, clean)
 
-    def masked_output(
-        self, frozen: hk.Params, x: Batch, comps: Components, live: Mapping[str, LiveSite]
-    ) -> Output:
-        return self.target.forward(frozen, x, decomposed_hook(self.table, comps, live))
-
-    def stochastic_recon(
-        self,
-        key: Key[Array, ""],
-        term: ReconTerm,
-        frozen: hk.Params,
-        x: Batch,
-        comps: Components,
-        ci_lower: CILower,
-        clean: Output,
-    ) -> Float[Array, ""]:
-        """S10/S11: the mean divergence over every forward of the plan, fresh sources each."""
-        table, leading = self.table, ci_lower[0].shape[1:-1]
-        losses = []
-        for j, entry in enumerate(recon_plan(term.plan, table, term.k)):
-            for d in range(self.loss.n_mask_samples):
-                src_key, route_key = jax.random.split(
-                    jax.random.fold_in(jax.random.fold_in(key, j), d)
-                )
-                routes = (
-                    uniform_k_routing(route_key, leading, len(entry.live)) if entry.routed else None
-                )
-                live = {}
-                for i, name in enumerate(entry.live):
-                    g, slot = table.where(name)
-                    C = table.groups[g].C
-                    src = jax.random.uniform(
-                        jax.random.fold_in(src_key, table.index(name)), (*leading, C + 1)
-                    )
-                    mask, delta = make_mask(ci_lower[g][slot], src)
-                    live[name] = LiveSite(mask, delta, None if routes is None else routes[..., i])
-                losses.append(self.divergence(self.masked_output(frozen, x, comps, live), clean))
-        return jnp.mean(jnp.stack(losses))
-
     def all_live_output(
-        self,
-        source_of: SourceOf,
-        frozen: hk.Params,
-        x: Batch,
-        comps: Components,
-        ci_lower: CILower,
+        self, inp: PassInputs, mode: SourceMode, sources: Sources | None = None
     ) -> Output:
-        """The output with every site live and routed everywhere, S1 masks from `source_of`."""
-        live = {}
-        for name in self.table.names:
-            g, slot = self.table.where(name)
-            ci = ci_lower[g][slot]
-            mask, delta = make_mask(ci, source_of(name, ci))
-            live[name] = LiveSite(mask, delta, None)
-        return self.masked_output(frozen, x, comps, live)
-
-    def all_live_recon(
-        self,
-        source_of: SourceOf,
-        frozen: hk.Params,
-        x: Batch,
-        comps: Components,
-        ci_lower: CILower,
-        clean: Output,
-    ) -> Float[Array, ""]:
-        """D of `all_live_output` against the clean output."""
-        masked = self.all_live_output(source_of, frozen, x, comps, ci_lower)
-        return self.divergence(masked, clean)
-
-    def monitor(
-        self,
-        source: float,
-        frozen: hk.Params,
-        x: Batch,
-        comps: Components,
-        ci_lower: CILower,
-        clean: Output,
-    ) -> Float[Array, ""]:
-        """A constant source and no delta channel: 0 is CI-masked, 1 is unmasked (SPEC §5)."""
-        return self.all_live_recon(constant_source(source), frozen, x, comps, ci_lower, clean)
-
-    def adversarial_recon(
-        self,
-        sources: Sources,
-        frozen: hk.Params,
-        x: Batch,
-        comps: Components,
-        ci_lower: CILower,
-        clean: Output,
-    ) -> Float[Array, ""]:
-        """S12: masks from the persistent sources, broadcast over their scope."""
-        source_of = persistent_source(self.table, sources)
-        return self.all_live_recon(source_of, frozen, x, comps, ci_lower, clean)
-
-    def losses(
-        self,
-        comps: Components,
-        ci: CI,
-        sources: Sources,
-        clean: Output,
-        frozen: hk.Params,
-        x: Batch,
-        step_key: Key[Array, ""],
-        step: Int[Array, ""],
-    ) -> tuple[Float[Array, ""], Metrics]:
-        """The total loss given this step's CI, and every term under its own name."""
-        cfg = self.loss
-        faith = faithfulness(grouped_weights(self.target, frozen), comps.V, comps.U)
-        p = schedule_value(cfg.p, self.train.steps, step)
-        lp, freq = importance_terms(ci.upper, p, cfg.eps, cfg.reference_token_count)
-        total = cfg.faithfulness * faith + cfg.importance * lp
-        metrics: Metrics = {"loss/faithfulness": faith, "loss/importance": lp, "p": p}
-        if cfg.frequency > 0:
-            total = total + cfg.frequency * freq
-            metrics["loss/frequency"] = freq
-        for t, term in enumerate(cfg.recon):
-            value = self.stochastic_recon(
-                jax.random.fold_in(step_key, 1 + t), term, frozen, x, comps, ci.lower, clean
-            )
-            total = total + term.coeff * value
-            metrics[f"loss/{term.name}"] = value
-        if cfg.adversary.coeff > 0:
-            value = self.adversarial_recon(sources, frozen, x, comps, ci.lower, clean)
-            total = total + cfg.adversary.coeff * value
-            metrics["loss/adversarial"] = value
-        for name in self.table.names:
-            g, slot = self.table.where(name)
-            active = jnp.sum(ci.lower[g][slot] > 0.1, axis=-1)
-            metrics[f"ci_l0/{name}"] = jnp.mean(active.astype(jnp.float32))
-        metrics["loss/total"] = total
-        return total, metrics
-
-    def evaluate_batch(
-        self, state: TrainState, frozen: hk.Params, x: Batch, step_key: Key[Array, ""]
-    ) -> tuple[Metrics, CI]:
-        """The losses and monitors of `state` on a batch, and the CI they used (no gradient)."""
-        comps = state.components
-        ci, clean = self.ci(state.ci_params, comps, frozen, x)
-        _, metrics = self.losses(comps, ci, state.sources, clean, frozen, x, step_key, state.step)
-        metrics["monitor/ci_masked_recon"] = self.monitor(0.0, frozen, x, comps, ci.lower, clean)
-        metrics["monitor/unmasked_recon"] = self.monitor(1.0, frozen, x, comps, ci.lower, clean)
-        return metrics, ci
+        """The output with every site live and routed everywhere, S1 masks from `mode`."""
+        sites = layer_sites(self.table, inp.comps.V, inp.comps.U, inp.ci_lower, sources)
+        return self.target.forward(inp.frozen, inp.x, Sites(decomposed_hook(mode), sites))
 
 
-def clip_global_norm(grads: Components, max_norm: float) -> Components:
-    """S19: `scale = min(1, max_norm / (‖g‖ + 1e-6))` (torch's epsilon; optax has none)."""
-    norm = optax.tree.norm(grads)
-    scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))
-    clipped: Components = jax.tree.map(lambda g: g * scale, grads)
-    return clipped
+def stochastic_recon(
+    recipe: Recipe, inp: PassInputs, key: Key[Array, ""], term: ReconTerm
+) -> Float[Array, ""]:
+    """S10/S11: the mean divergence over every forward of the plan, fresh sources each.
+
+    Entry j, draw d is one row of a `lax.map`; its sources and routes come from
+    `fold_in(fold_in(key, j), d)` split into (source, route) (SPEC §9).
+    """
+    table = recipe.table
+    entries = recon_plan(term.plan, table, term.k)
+    plan = plan_arrays(entries, table)
+    routed = entries[0].routed  # one routing kind per plan
+    width = max(len(e.live) for e in entries)
+    leading = inp.ci_lower[0].shape[1:-1]
+    base = layer_sites(table, inp.comps.V, inp.comps.U, inp.ci_lower)
+    n_draws = recipe.loss.n_mask_samples
+    rows = np.arange(len(entries) * n_draws)
+    entry_of, draw_of = jnp.asarray(rows // n_draws), jnp.asarray(rows % n_draws)
+
+    def forward(row: tuple[Int[Array, ""], Int[Array, ""]]) -> Float[Array, ""]:
+        j, d = row
+        src_key, route_key = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, j), d))
+        routes = uniform_k_routing(route_key, leading, width, plan.n_live[j]) if routed else None
+        sites = {
+            kind: s._replace(live=s.live & plan.live[kind][j], column=plan.column[kind][j])
+            for kind, s in base.items()
+        }
+        hook = decomposed_hook(Draw(src_key), routes)
+        out = recipe.target.forward(inp.frozen, inp.x, Sites(hook, sites))
+        return recipe.divergence(out, inp.clean)
+
+    return jnp.mean(jax.lax.map(forward, (entry_of, draw_of)))
+
+
+def adversarial_recon(recipe: Recipe, inp: PassInputs, sources: Sources) -> Float[Array, ""]:
+    """S12: masks from the persistent sources, broadcast over their scope."""
+    return recipe.divergence(recipe.all_live_output(inp, Persistent(), sources), inp.clean)
+
+
+def monitor(recipe: Recipe, inp: PassInputs, source: float) -> Float[Array, ""]:
+    """A constant source and no delta channel: 0 is CI-masked, 1 is unmasked (SPEC §5)."""
+    return recipe.divergence(recipe.all_live_output(inp, Constant(source)), inp.clean)
+
+
+def ci_l0(lower: CILower) -> Float[Array, " n_sites"]:
+    """SPEC §13 CI-L0: per site, the mean over positions of the number of subcomponents with
+    CI above 0.1, in `SiteTable.group_order`."""
+    counts = [
+        jnp.mean(jnp.sum(lw > CI_ACTIVE, axis=-1).reshape(lw.shape[0], -1), axis=1) for lw in lower
+    ]
+    return jnp.concatenate(counts).astype(jnp.float32)
+
+
+def flat_metrics(table: SiteTable, metrics: dict[str, np.ndarray]) -> dict[str, float]:
+    """Host-side metrics by name: `ci_l0` becomes `ci_l0/{site}`."""
+    flat = {k: float(v) for k, v in metrics.items() if k != "ci_l0"}
+    if "ci_l0" in metrics:
+        for name, value in zip(table.group_order, metrics["ci_l0"], strict=True):
+            flat[f"ci_l0/{name}"] = float(value)
+    return flat
+
+
+def losses(
+    recipe: Recipe,
+    comps: Components,
+    ci: CI,
+    sources: Sources,
+    inputs: tuple[hk.Params, Batch, Output],
+    step_key: Key[Array, ""],
+    step: Int[Array, ""],
+) -> tuple[Float[Array, ""], Metrics]:
+    """The total loss given this step's CI, and every term under its own name."""
+    cfg = recipe.loss
+    frozen, x, clean = inputs
+    inp = PassInputs(frozen, x, comps, ci.lower, clean)
+    faith = faithfulness(recipe.table, recipe.target.weights(frozen), comps.V, comps.U)
+    p = schedule_value(cfg.p, recipe.train.steps, step)
+    lp, freq = importance_terms(ci.upper, p, cfg.eps, cfg.reference_token_count)
+    total = cfg.faithfulness * faith + cfg.importance * lp
+    metrics: Metrics = {"loss/faithfulness": faith, "loss/importance": lp, "p": p}
+    if cfg.frequency > 0:
+        total = total + cfg.frequency * freq
+        metrics["loss/frequency"] = freq
+    for t, term in enumerate(cfg.recon):  # a few differently-shaped terms, each one program
+        value = stochastic_recon(recipe, inp, jax.random.fold_in(step_key, 1 + t), term)
+        total = total + term.coeff * value
+        metrics[f"loss/{term.name}"] = value
+    if cfg.adversary.coeff > 0:
+        value = adversarial_recon(recipe, inp, sources)
+        total = total + cfg.adversary.coeff * value
+        metrics["loss/adversarial"] = value
+    metrics["ci_l0"] = ci_l0(ci.lower)
+    metrics["loss/total"] = total
+    return total, metrics
+
+
+def evaluate_batch(
+    recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batch, step_key: Key[Array, ""]
+) -> tuple[Metrics, CI]:
+    """The losses and monitors of `state` on a batch, and the CI they used (no gradient)."""
+    comps = state.components
+    ci, clean = recipe.ci(state.ci_params, comps, frozen, x)
+    _, metrics = losses(recipe, comps, ci, state.sources, (frozen, x, clean), step_key, state.step)
+    inp = PassInputs(frozen, x, comps, ci.lower, clean)
+    metrics["monitor/ci_masked_recon"] = monitor(recipe, inp, 0.0)
+    metrics["monitor/unmasked_recon"] = monitor(recipe, inp, 1.0)
+    return metrics, ci
 
 
 StepFn = Callable[[TrainState, hk.Params, Batch, Key[Array, ""]], tuple[TrainState, Metrics]]
@@ -281,7 +214,8 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
 
     With `shardings` (a mesh run) the new state keeps the placement of the old one.
     """
-    opt_c, opt_ci = recipe.component_optimizer(), recipe.ci_optimizer()
+    opt_c = component_optimizer(recipe.train)
+    opt_ci = ci_optimizer(recipe.train)
     adv = recipe.loss.adversary
 
     def train_step(
@@ -299,16 +233,26 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
         sources, source_opt = state.sources, state.source_opt
         if adv.coeff > 0:
             source_lr = schedule_value(adv.lr, recipe.train.steps, state.step)  # once per step
-            fixed = jax.lax.stop_gradient((comps, ci.lower))
-            for _ in range(adv.n_warmup):  # S13: ascents on detached components and CI
-                g = jax.grad(recipe.adversarial_recon)(sources, frozen, x, *fixed, clean)
-                sources, source_opt = ascend(
-                    sources, source_opt, g, source_lr, adv.beta1, adv.beta2, adv.eps
-                )
-        grad_fn = jax.value_and_grad(recipe.losses, argnums=(0, 1, 2), has_aux=True)
-        (_, metrics), (g_comps, g_ci, g_sources) = grad_fn(
-            comps, ci, sources, clean, frozen, x, step_key, state.step
+            fixed_comps, fixed_lower = jax.lax.stop_gradient((comps, ci.lower))
+            fixed = PassInputs(frozen, x, fixed_comps, fixed_lower, clean)
+
+            def warmup_ascent(
+                _: Int[Array, ""], carry: tuple[Sources, SourceAdam]
+            ) -> tuple[Sources, SourceAdam]:
+                # S13: ascents on detached components and CI.
+                sources, source_opt = carry
+                g = jax.grad(lambda s: adversarial_recon(recipe, fixed, s))(sources)
+                return ascend(sources, source_opt, g, source_lr, adv.beta1, adv.beta2, adv.eps)
+
+            sources, source_opt = jax.lax.fori_loop(
+                0, adv.n_warmup, warmup_ascent, (sources, source_opt)
+            )
+        grad_fn = jax.value_and_grad(
+            lambda c, i, s: losses(recipe, c, i, s, (frozen, x, clean), step_key, state.step),
+            argnums=(0, 1, 2),
+            has_aux=True,
         )
+        (_, metrics), (g_comps, g_ci, g_sources) = grad_fn(comps, ci, sources)
         g_ci_params, g_comps_via_ci = ci_vjp((g_ci, jnp.zeros_like(clean)))
         g_comps = jax.tree.map(jnp.add, g_comps, g_comps_via_ci)
         if adv.coeff > 0:
@@ -317,8 +261,6 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
             sources, source_opt = ascend(
                 sources, source_opt, g_term, source_lr, adv.beta1, adv.beta2, adv.eps
             )
-        if recipe.train.grad_clip > 0:
-            g_comps = clip_global_norm(g_comps, recipe.train.grad_clip)
         up_c, opt_c_state = opt_c.update(g_comps, state.opt_components, comps)
         up_ci, opt_ci_state = opt_ci.update(g_ci_params, state.opt_ci, state.ci_params)
         metrics["lr"] = schedule_value(recipe.train.lr, recipe.train.steps, state.step)
@@ -361,13 +303,13 @@ def faith_warmup(recipe: Recipe, comps: Components, frozen: hk.Params) -> Compon
     tx = optax.adamw(learning_rate=cfg.faith_warmup_lr, weight_decay=cfg.faith_warmup_wd)
 
     def faithfulness_warmup(comps: Components, frozen: hk.Params) -> Components:
-        W = grouped_weights(recipe.target, frozen)
+        W = recipe.target.weights(frozen)
 
         def body(
             carry: tuple[Components, optax.OptState], _: None
         ) -> tuple[tuple[Components, optax.OptState], None]:
             c, opt = carry
-            grads = jax.grad(lambda c: faithfulness(W, c.V, c.U))(c)
+            grads = jax.grad(lambda c: faithfulness(recipe.table, W, c.V, c.U))(c)
             updates, opt = tx.update(grads, opt, c)
             return (optax.apply_updates(c, updates), opt), None
 

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar
 
 import jax
 from jax.typing import ArrayLike, DTypeLike
+from optax import projections as projections
 from optax import tree as tree
 from typing_extensions import deprecated, disjoint_base
 
