@@ -41,21 +41,21 @@ T, SEQS = 512, 8  # sources `bsc`: one sequence of 512 tokens per device
 def table(n_layers: int) -> SiteTable:
     return SiteTable(
         tuple(
-            SiteSpec(f"layers.{i}.{'attn' if k in 'qkvo' else 'mlp'}.{k}", *KINDS[k])
+            SiteSpec(f"layers.{i}.{'attn' if k in 'qkvo' else 'mlp'}.{k}", *KINDS[k], i, k)
             for i in range(n_layers)
             for k in KINDS
-        )
+        ),
+        n_layers,
     )
 
 
 def ci_fn(t: SiteTable, n_layers: int) -> ChunkwiseTransformer:
     chunks = tuple(
-        Chunk((f"resid.{i}",), tuple(s.name for s in t.sites[7 * i : 7 * i + 7]))
-        for i in range(n_layers)
+        Chunk((i,), tuple(s.name for s in t.sites[7 * i : 7 * i + 7])) for i in range(n_layers)
     )
     return ChunkwiseTransformer(
         chunks,
-        tuple((f"resid.{i}", D) for i in range(n_layers)),
+        D,
         tuple((s.name, s.C) for s in t.sites),
         d_model=4096,
         n_blocks=4,
