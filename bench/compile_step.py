@@ -2,14 +2,19 @@
 production shape (`llama8b_full`) on 8 simulated CPU devices, over a number of layers — the pull
 request's `jit_step` attribution, reproduced on CPU. Nothing is allocated.
 
-    python bench/compile_step.py [--layers 4,8,32]
+    python bench/compile_step.py [--layers 4,8,32] [--count-flops-at 4]
 
 The step scans one layer body over layer-stacked weights, so its compile should not grow with
 depth; the unrolled step it replaced is not kept (it would be a second implementation of every
 pass): its figures, measured with this benchmark at the commit before the scan, are in the
-README. FLOPs are XLA's cost analysis of the compiled program, per device; XLA counts a
-`while` loop's body once and a conditional as its most expensive branch, so the figure is the
-work of one layer of each pass, not of the whole step (see the README).
+README.
+
+FLOPs are XLA's cost analysis of the compiled program, per device. XLA counts a `while` loop's
+body once and a conditional as its most expensive branch, so the `TFLOP/dev` column of the
+scanned program is the work of one iteration of each loop. The work a step really does is
+counted at `--count-flops-at` layers by compiling the same step with every loop unrolled
+(`pd.loops.unrolled`): each iteration is then counted and each per-site `lax.cond`, whose
+predicate is then a constant, folds to the branch that runs.
 """
 
 import os
@@ -25,6 +30,7 @@ from collections.abc import Callable
 
 import jax
 
+from pd import loops
 from pd.train.compile_only import compile_only
 from pd.train.config import load_config
 
@@ -32,6 +38,7 @@ from pd.train.config import load_config
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", default="4,8,32")
+    parser.add_argument("--count-flops-at", type=int, default=4, help="0: skip")
     args = parser.parse_args()
     print(f"{jax.device_count()} simulated devices; llama8b_full, 7 sites and 1 CI chunk per layer")
     print(
@@ -52,6 +59,15 @@ def main() -> None:
                 flush=True,
             )
         print(f"{'':>6} {'':>5}  {'(wall, all)':<17} {wall:8.2f}", flush=True)
+    if args.count_flops_at:
+        n = args.count_flops_at
+        clear_caches()
+        with loops.unrolled():
+            times, flops = compile_only(load_config("llama8b_full", [f"target.n_layers={n}"]))
+        print(
+            f"every loop unrolled at {n} layers: train_step {flops['train_step'] / 1e12:.3f} "
+            f"TFLOP per device per step ({times.by_name['train_step']['compile_s']:.1f} s compile)"
+        )
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ from pd.decompose import FROZEN, Constant, Sites, decomposed_hook, layer_sites
 from pd.init import init_vu
 from pd.state import Components
 from pd.targets.base import Batch, Output
-from pd.targets.lm import load_frozen
 from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig, from_dict
+from pd.train.kinds import kind_of
 from pd.train.run import make_recipe
 from pd.train.step import Recipe
 
@@ -98,7 +98,7 @@ def load(run_dir: str | Path) -> Decomposition:
     except json.JSONDecodeError as err:
         raise ConfigError(f"config file '{config_path}' is not valid JSON ({err})") from None
     recipe = make_recipe(config)
-    frozen = load_frozen(config.target, recipe.target).params
+    frozen = kind_of(config.target).load_frozen(recipe.target).params
     like = jax.eval_shape(
         lambda: (init_vu(jax.random.key(0), recipe.table), recipe.ci_fn.init(jax.random.key(0)))
     )

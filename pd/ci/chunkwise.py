@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Key
 
+from pd import loops
 from pd.ci import CI, GroupParams, Taps, squash
 from pd.rope import rope, rope_tables
 from pd.sites import SiteTable
@@ -142,7 +143,7 @@ class ChunkwiseTransformer:
             chunk_params, h = xs
             return None, net.apply(chunk_params, h)
 
-        _, per_slot = jax.lax.scan(body, None, (params[0], inputs))
+        _, per_slot = loops.scan(body, None, (params[0], inputs))
         return tuple(per_slot)
 
 

@@ -5,7 +5,7 @@ from typing import Literal, Protocol, runtime_checkable
 import haiku as hk
 from jaxtyping import Array, Float, Key, Shaped
 
-from pd.decompose import Sites
+from pd.decompose import FROZEN, Sites
 from pd.sites import SiteSpec, SiteTable
 
 TrainParams = dict[str, Array]
@@ -28,6 +28,26 @@ def input_tap(kind: str) -> str:
 def site_input(taps: Taps, site: SiteSpec) -> Float[Array, "B ..."]:
     """One site's clean-path input, a view of its kind's stacked input tap."""
     return taps[input_tap(site.kind)][site.layer]
+
+
+class TargetBase:
+    """What pd's targets share: `forward` and `taps` from one `apply` (output and taps
+    together), and the MSE divergence unless a target says otherwise."""
+
+    @property
+    def divergence(self) -> Divergence:
+        return "mse"
+
+    def apply(self, params: hk.Params, x: Batch, sites: Sites) -> tuple[Output, Taps]:
+        raise NotImplementedError
+
+    def forward(self, params: hk.Params, x: Batch, sites: Sites) -> Output:
+        return self.apply(params, x, sites)[0]
+
+    def taps(self, params: hk.Params, x: Batch) -> tuple[Taps, Output]:
+        """S4: the clean-path activations (every site on its frozen path), and the output."""
+        output, taps = self.apply(params, x, FROZEN)
+        return taps, output
 
 
 @runtime_checkable

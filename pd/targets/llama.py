@@ -23,6 +23,7 @@ per-layer ones stacked on a leading `[n_layers]` axis:
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import haiku as hk
 import jax
@@ -30,10 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Key
 
+from pd import loops
 from pd.decompose import FROZEN, LayerSites, Sites, apply_site
 from pd.rope import rope, rope_tables
 from pd.sites import SiteSpec, SiteTable
-from pd.targets.base import Divergence, LayerTaps, Taps, input_tap
+from pd.targets.base import Divergence, LayerTaps, Taps, TargetBase, input_tap
 
 # The transformer kind order of canonical site order (SPEC §2).
 KINDS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -103,7 +105,7 @@ def site_name(layer: int, kind: str) -> str:
 
 
 @dataclass(frozen=True)
-class Llama:
+class Llama(TargetBase):
     """A Llama-style LM with the sites of `kind_C` decomposed in the layers `layers`."""
 
     arch: LlamaArch
@@ -148,28 +150,16 @@ class Llama:
         params: hk.Params = self._net.init(key, jnp.zeros((1, 1), jnp.int32), FROZEN)
         return params
 
-    def forward(
-        self, params: hk.Params, tokens: Int[Array, "B T"], sites: Sites
-    ) -> Float[Array, "B T vocab"]:
-        """fp32 logits; every decomposed matmul goes through `sites.hook`."""
-        return self._apply(params, tokens, sites)[0]
-
     def weights(self, params: hk.Params) -> dict[str, Float[Array, "L d_in d_out"]]:
         """Each decomposed kind's frozen `W: [n_layers, d_in, d_out]` (in the params' dtype)."""
         return {k: params["~"][k] for k in self.table.kinds}
 
-    def taps(
-        self, params: hk.Params, tokens: Int[Array, "B T"]
-    ) -> tuple[Taps, Float[Array, "B T vocab"]]:
-        """S4: `in.{kind}`, every decomposed kind's input per layer, and `resid`, the residual
-        stream entering each layer (`resid[n_layers]`: before the final norm); and the clean
-        logits."""
-        logits, taps = self._apply(params, tokens, FROZEN)
-        return taps, logits
-
-    def _apply(
+    def apply(
         self, params: hk.Params, tokens: Int[Array, "B T"], sites: Sites
     ) -> tuple[Float[Array, "B T vocab"], Taps]:
+        """fp32 logits and the taps: `in.{kind}`, every decomposed kind's input per layer, and
+        `resid`, the residual stream entering each layer (`resid[n_layers]`: before the final
+        norm). Every decomposed matmul goes through `sites.hook`."""
         out: tuple[Float[Array, "B T vocab"], Taps] = self._net.apply(params, tokens, sites)
         return out
 
@@ -197,9 +187,10 @@ class Llama:
         causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]
         recorded = self.table.kinds
 
-        # One layer's body; checkpointed, so the backward recomputes a layer instead of keeping
-        # every layer's activations.
-        @jax.checkpoint
+        # One layer's body, checkpointed: the backward keeps the outputs of the layer's matmuls
+        # (the projections and the decomposed path) and recomputes the rest — norms, RoPE and
+        # attention's batched dots — instead of keeping every activation of every layer.
+        @partial(jax.checkpoint, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
         def layer(
             h: Float[Array, "B T d"], xs: tuple[dict[str, Array], dict[str, LayerSites]]
         ) -> tuple[Float[Array, "B T d"], LayerTaps]:
@@ -222,7 +213,7 @@ class Llama:
             taps = {input_tap(kind): inputs[kind] for kind in recorded}
             return h_mid + proj("down", x_down), {"resid": h, **taps}
 
-        h, taps = jax.lax.scan(layer, h, (stacked, sites.layers))
+        h, taps = loops.scan(layer, h, (stacked, sites.layers))
         taps["resid"] = jnp.concatenate([taps["resid"], h[None]])
         h = rms_norm(h, final_norm, a.rms_eps)
         logits = jnp.matmul(h, W_head, preferred_element_type=jnp.float32)

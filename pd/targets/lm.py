@@ -9,16 +9,23 @@ from pathlib import Path
 import haiku as hk
 import jax
 import jax.numpy as jnp
-import optax
 from jaxtyping import Array, Float, Int, Key
 
 from pd.data import TokenSource, load_tokens, synthetic_corpus
 from pd.decompose import FROZEN
-from pd.targets.base import Target, as_toy
-from pd.targets.configs import LLAMA_KINDS, KindC, LlamaConfig, TargetConfig
+from pd.targets.base import Target
+from pd.targets.configs import LLAMA_KINDS, KindC, LlamaConfig
 from pd.targets.hf import CONFIG, load_hf, read_config
 from pd.targets.llama import Llama, LlamaArch
-from pd.targets.train import TrainedTarget, _cache_key, _load, _save, cache_dir, load_or_train
+from pd.targets.train import (
+    TrainedTarget,
+    _cache_key,
+    _load,
+    _save,
+    cache_dir,
+    fit,
+    train_with_retries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +53,8 @@ def llama_arch(cfg: LlamaConfig) -> LlamaArch:
     )
 
 
-def build_target(cfg: TargetConfig, C: int) -> Target:
-    """The target of a config; a language model decomposes `kinds` in `layers` (all if empty)."""
-    if not isinstance(cfg, LlamaConfig):
-        return cfg.build(C)
+def build_llama(cfg: LlamaConfig, C: int) -> Llama:
+    """The model of a config, decomposing `kinds` in `layers` (all if empty)."""
     arch = llama_arch(cfg)
     kind_C = dataclasses.asdict(cfg.kind_C)
     layers = cfg.layers or tuple(range(arch.n_layers))
@@ -86,61 +91,34 @@ def next_token_loss(
     return -jnp.mean(jnp.take_along_axis(log_q, windows[:, 1:, None], axis=-1))
 
 
-def _fit_lm(
-    model: Llama, cfg: LlamaConfig, tokens: Int[Array, " n"], key: Key[Array, ""]
-) -> tuple[hk.Params, float]:
-    """AdamW (wd 0) on next-token loss over random windows of the corpus, in one `lax.scan`."""
-    t = cfg.training
-    lr: optax.ScalarOrSchedule = optax.cosine_decay_schedule(t.lr, t.steps) if t.cosine else t.lr
-    tx = optax.adamw(learning_rate=lr, weight_decay=0.0)
-    width = cfg.seq_len + 1
-
-    def fit(tokens: Int[Array, " n"], key: Key[Array, ""]) -> tuple[hk.Params, Float[Array, ""]]:
-        params = model.init(jax.random.fold_in(key, 0))
-
-        def body(
-            carry: tuple[hk.Params, optax.OptState], step: Array
-        ) -> tuple[tuple[hk.Params, optax.OptState], Float[Array, ""]]:
-            params, opt = carry
-            starts = jax.random.randint(
-                jax.random.fold_in(key, step + 1), (t.batch,), 0, tokens.shape[0] - width + 1
-            )
-            windows = jax.vmap(lambda s: jax.lax.dynamic_slice(tokens, (s,), (width,)))(starts)
-            loss, grads = jax.value_and_grad(lambda p: next_token_loss(model, p, windows))(params)
-            updates, opt = tx.update(grads, opt, params)
-            return (optax.apply_updates(params, updates), opt), loss
-
-        (params, _), losses = jax.lax.scan(body, (params, tx.init(params)), jnp.arange(t.steps))
-        return params, jnp.mean(losses[-max(1, t.steps // 10) :])
-
-    params, loss = jax.jit(fit)(tokens, key)
-    return params, float(loss)
-
-
 def train_lm(model: Llama, cfg: LlamaConfig) -> TrainedTarget:
-    """Train on the config's tokens until the loss is within ENTROPY_SLACK of the synthetic
-    corpus's entropy rate (a token file has no known entropy: its model is accepted as is)."""
+    """Train on random windows of the config's tokens until the loss is within ENTROPY_SLACK of
+    the synthetic corpus's entropy rate (a token file has no known entropy: its model is
+    accepted as is)."""
     source = token_source(cfg)
     tokens = jnp.asarray(source.tokens, jnp.int32)
     bound = None if cfg.tokens else _corpus(cfg.vocab, cfg.corpus_tokens)[1] + ENTROPY_SLACK
-    root = jax.random.key(cfg.seed)
-    for attempt in range(cfg.max_attempts):
-        params, loss = _fit_lm(model, cfg, tokens, jax.random.fold_in(root, attempt))
-        if bound is None or loss < bound:
-            log.info("language model trained on attempt %d (loss %.4f)", attempt, loss)
-            return TrainedTarget(params, attempt, loss, from_cache=False)
-        log.info("attempt %d: loss %.4f is not below %.4f", attempt, loss, bound)
-    raise RuntimeError(
-        f"the language model did not reach loss {bound:.4f} (entropy rate + {ENTROPY_SLACK}) "
-        f"in {cfg.max_attempts} attempts; raise target.train_steps"
-    )
+    width, batch = cfg.seq_len + 1, cfg.training.batch
+
+    def loss(params: hk.Params, tokens: Int[Array, " n"], key: Key[Array, ""]) -> Float[Array, ""]:
+        starts = jax.random.randint(key, (batch,), 0, tokens.shape[0] - width + 1)
+        windows = jax.vmap(lambda s: jax.lax.dynamic_slice(tokens, (s,), (width,)))(starts)
+        return next_token_loss(model, params, windows)
+
+    def check(params: hk.Params, value: float) -> str | None:
+        if bound is None or value < bound:
+            return None
+        return f"loss {value:.4f} is not below {bound:.4f} (entropy rate + {ENTROPY_SLACK})"
+
+    def attempt(key: Key[Array, ""]) -> tuple[hk.Params, float]:
+        return fit(model.init, loss, tokens, cfg.training, key)
+
+    return train_with_retries(attempt, check, cfg.max_attempts, cfg.seed)
 
 
-def load_frozen(cfg: TargetConfig, target: Target) -> TrainedTarget:
-    """The frozen weights: toys trained (or cached) in-process; a language model from its local
-    checkpoint, else trained in-process on its tokens and cached by the config's hash."""
-    if not isinstance(cfg, LlamaConfig):
-        return load_or_train(cfg, as_toy(target))
+def load_llama(cfg: LlamaConfig, target: Target) -> TrainedTarget:
+    """The frozen weights from the local checkpoint, else trained in-process on the config's
+    tokens and cached by the config's hash."""
     assert isinstance(target, Llama)
     if cfg.checkpoint:
         _, params = load_hf(cfg.checkpoint)

@@ -8,14 +8,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
-from pd.decompose import FROZEN, LayerSites, Sites, apply_site
+from pd import loops
+from pd.decompose import LayerSites, Sites, apply_site
 from pd.init import scaled_normal
 from pd.sites import SiteSpec, SiteTable
-from pd.targets.base import Divergence, LayerTaps, Taps, TrainParams, input_tap
+from pd.targets.base import LayerTaps, Taps, TargetBase, TrainParams, input_tap
 
 
 @dataclass(frozen=True)
-class ResidMLP:
+class ResidMLP(TargetBase):
     """L residual ReLU blocks over a fixed random unit-norm embedding, no biases."""
 
     n_features: int
@@ -34,18 +35,15 @@ class ResidMLP:
             sites += [SiteSpec(f"layers.{i}.mlp_out", h, d, self.C, i, "mlp_out")]
         object.__setattr__(self, "table", SiteTable(tuple(sites)))
 
-    @property
-    def divergence(self) -> Divergence:
-        return "mse"
-
-    def _apply(
+    def apply(
         self, params: hk.Params, x: Float[Array, "B n"], sites: Sites
     ) -> tuple[Float[Array, "B n"], Taps]:
         """The output and every site's input, the layers under one checkpointed scan."""
         p = params["~"]
         W_E = p["embed"]
 
-        @jax.checkpoint
+        # Checkpointed like the Llama body: the matmul outputs are kept, the ReLU recomputed.
+        @partial(jax.checkpoint, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
         def layer(
             r: Float[Array, "B d"],
             xs: tuple[Float[Array, "d h"], Float[Array, "h d"], dict[str, LayerSites]],
@@ -55,18 +53,8 @@ class ResidMLP:
             out = r + apply_site(sites.hook, here, "mlp_out", hidden, W_out)
             return out, {input_tap("mlp_in"): r, input_tap("mlp_out"): hidden}
 
-        r, taps = jax.lax.scan(layer, x @ W_E, (p["mlp_in"], p["mlp_out"], sites.layers))
+        r, taps = loops.scan(layer, x @ W_E, (p["mlp_in"], p["mlp_out"], sites.layers))
         return r @ W_E.T, taps
-
-    def forward(
-        self, params: hk.Params, x: Float[Array, "B n"], sites: Sites
-    ) -> Float[Array, "B n"]:
-        return self._apply(params, x, sites)[0]
-
-    def taps(self, params: hk.Params, x: Float[Array, "B n"]) -> tuple[Taps, Float[Array, "B n"]]:
-        """S4: each site's clean-path input (stacked per kind) and the clean output."""
-        out, taps = self._apply(params, x, FROZEN)
-        return taps, out
 
     @property
     def dense_sites(self) -> dict[str, int]:

@@ -8,13 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Key
 
-from pd.decompose import FROZEN, Sites, apply_site, layer_of
+from pd.decompose import Sites, apply_site, layer_of
 from pd.sites import SiteSpec, SiteTable
-from pd.targets.base import Divergence, Taps, TrainParams, input_tap
+from pd.targets.base import Taps, TargetBase, TrainParams, input_tap
 
 
 @dataclass(frozen=True)
-class TMS:
+class TMS(TargetBase):
     """TMS n-m with `n_identity` frozen m×m identity layers between `linear1` and `linear2`."""
 
     n_features: int
@@ -32,11 +32,7 @@ class TMS:
         # Every site is a kind of its own in the one layer (SPEC §12's layout needs no scan).
         object.__setattr__(self, "table", SiteTable(tuple(sites)))
 
-    @property
-    def divergence(self) -> Divergence:
-        return "mse"
-
-    def _apply(
+    def apply(
         self, params: hk.Params, x: Float[Array, "B n"], sites: Sites
     ) -> tuple[Float[Array, "B n"], Taps]:
         """The output and every site's input (`in.{site}`, one layer)."""
@@ -52,16 +48,6 @@ class TMS:
             h = site(f"hidden.{i}", h, p[f"hidden_{i}"])
         out = jax.nn.relu(site("linear2", h, p["linear2"]) + p["b"])
         return out, taps
-
-    def forward(
-        self, params: hk.Params, x: Float[Array, "B n"], sites: Sites
-    ) -> Float[Array, "B n"]:
-        return self._apply(params, x, sites)[0]
-
-    def taps(self, params: hk.Params, x: Float[Array, "B n"]) -> tuple[Taps, Float[Array, "B n"]]:
-        """S4: each site's clean-path input and the clean output."""
-        out, taps = self._apply(params, x, FROZEN)
-        return taps, out
 
     @property
     def dense_sites(self) -> dict[str, int]:

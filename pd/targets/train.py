@@ -6,8 +6,10 @@ import io
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import haiku as hk
 import jax
@@ -36,57 +38,81 @@ class TrainedTarget:
         return f"attempt {self.attempt}, loss {self.loss:.3g}, cached {self.from_cache}"
 
 
-def _fit(
-    target: ToyTarget, training: TargetTraining, key: Key[Array, ""]
-) -> tuple[hk.Params, float]:
-    """Train with AdamW (wd 0) from `key`; returns the frozen params and the mean final loss."""
+P = TypeVar(
+    "P", hk.Params, TrainParams
+)  # a target's parameters (haiku's or a toy's trainable ones)
+D = TypeVar("D")
+
+
+def fit(
+    init: Callable[[Key[Array, ""]], P],
+    loss: Callable[[P, D, Key[Array, ""]], Float[Array, ""]],
+    data: D,
+    training: TargetTraining,
+    key: Key[Array, ""],
+) -> tuple[P, float]:
+    """AdamW (wd 0) on `loss(params, data, key of the step)` in one jitted `lax.scan`; the
+    trained parameters and the mean loss of the last tenth of the steps. `data` is a traced
+    argument (a token corpus is not baked into the program)."""
     steps = training.steps
     lr: optax.ScalarOrSchedule = (
         optax.cosine_decay_schedule(training.lr, steps) if training.cosine else training.lr
     )
     tx = optax.adamw(learning_rate=lr, weight_decay=0.0)
 
-    def loss_fn(trainable: TrainParams, x: Float[Array, "B n"]) -> Float[Array, ""]:
-        y = target.forward(target.expand(trainable), x, FROZEN)
-        return jnp.mean((y - target.label(x)) ** 2)
-
-    def fit(key: Key[Array, ""]) -> tuple[TrainParams, Float[Array, ""]]:
-        trainable = target.init_train(jax.random.fold_in(key, 0))
+    def run(data: D, key: Key[Array, ""]) -> tuple[P, Float[Array, ""]]:
+        params = init(jax.random.fold_in(key, 0))
 
         def body(
-            carry: tuple[TrainParams, optax.OptState], step: Array
-        ) -> tuple[tuple[TrainParams, optax.OptState], Float[Array, ""]]:
+            carry: tuple[P, optax.OptState], step: Array
+        ) -> tuple[tuple[P, optax.OptState], Float[Array, ""]]:
             params, opt = carry
-            x = target.sample(jax.random.fold_in(key, step + 1), training.batch)
-            loss, grads = jax.value_and_grad(loss_fn)(params, x)
+            value, grads = jax.value_and_grad(loss)(params, data, jax.random.fold_in(key, step + 1))
             updates, opt = tx.update(grads, opt, params)
-            return (optax.apply_updates(params, updates), opt), loss
+            return (optax.apply_updates(params, updates), opt), value
 
-        (trainable, _), losses = jax.lax.scan(
-            body, (trainable, tx.init(trainable)), jnp.arange(steps)
-        )
-        tail = max(1, steps // 10)
-        return trainable, jnp.mean(losses[-tail:])
+        (params, _), losses = jax.lax.scan(body, (params, tx.init(params)), jnp.arange(steps))
+        return params, jnp.mean(losses[-max(1, steps // 10) :])
 
-    trainable, loss = jax.jit(fit)(key)
-    return target.expand(trainable), float(loss)
+    params, value = jax.jit(run)(data, key)
+    return params, float(value)
+
+
+def train_with_retries(
+    attempt: Callable[[Key[Array, ""]], tuple[hk.Params, float]],
+    check: Callable[[hk.Params, float], str | None],
+    max_attempts: int,
+    seed: int,
+) -> TrainedTarget:
+    """Train from `fold_in(key(seed), a)` for a = 0, 1, … until `check` accepts the model."""
+    root = jax.random.key(seed)
+    reasons = []
+    for a in range(max_attempts):
+        params, loss = attempt(jax.random.fold_in(root, a))
+        reason = check(params, loss)
+        if reason is None:
+            log.info("target learned its task on attempt %d (loss %.4g)", a, loss)
+            return TrainedTarget(params, a, loss, from_cache=False)
+        log.info("target attempt %d rejected: %s", a, reason)
+        reasons.append(f"attempt {a}: {reason}")
+    raise RuntimeError(
+        f"target did not learn its task in {max_attempts} attempts ({'; '.join(reasons)})"
+    )
 
 
 def train_target(target: ToyTarget, training: TargetTraining, seed: int) -> TrainedTarget:
-    """Retry with derived seeds until `target.check` accepts the trained model."""
-    root = jax.random.key(seed)
-    reasons = []
-    for attempt in range(training.max_attempts):
-        params, loss = _fit(target, training, jax.random.fold_in(root, attempt))
-        reason = target.check(params, loss)
-        if reason is None:
-            log.info("target learned its task on attempt %d (loss %.3g)", attempt, loss)
-            return TrainedTarget(params, attempt, loss, from_cache=False)
-        log.info("target attempt %d rejected: %s", attempt, reason)
-        reasons.append(f"attempt {attempt}: {reason}")
-    raise RuntimeError(
-        f"target did not learn its task in {training.max_attempts} attempts ({'; '.join(reasons)})"
-    )
+    """A toy target trained on its own data (MSE to its label) until `target.check` passes."""
+
+    def loss(trainable: TrainParams, data: None, key: Key[Array, ""]) -> Float[Array, ""]:
+        x = target.sample(key, training.batch)
+        y = target.forward(target.expand(trainable), x, FROZEN)
+        return jnp.mean((y - target.label(x)) ** 2)
+
+    def attempt(key: Key[Array, ""]) -> tuple[hk.Params, float]:
+        trainable, value = fit(target.init_train, loss, None, training, key)
+        return target.expand(trainable), value
+
+    return train_with_retries(attempt, target.check, training.max_attempts, seed)
 
 
 def cache_dir() -> Path:

@@ -1,6 +1,6 @@
 """Evaluation of a decomposition (SPEC §13): CI-L0, alive counts, CI errors, MMCS / ML2R."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import haiku as hk
 import jax
@@ -11,8 +11,10 @@ from scipy.optimize import linear_sum_assignment
 
 from pd.ci import GroupParams
 from pd.decompose import site_weights
+from pd.sites import SiteTable
 from pd.state import Components, TrainState
 from pd.targets.base import Batch, as_toy
+from pd.train.config import EvalConfig
 from pd.train.step import CI_ACTIVE, Metrics, Recipe, evaluate_batch, flat_metrics
 
 ALIVE_THRESHOLD = CI_ACTIVE  # alive: CI above 0.1 on some evaluation sample (SPEC §13)
@@ -90,35 +92,59 @@ def probe_ci(
     return {n: np.asarray(v) for n, v in recipe.table.views(ci.lower).items()}
 
 
-def evaluate(
-    recipe: Recipe,
-    state: TrainState,
-    frozen: hk.Params,
-    key: Key[Array, ""],
-    n_samples: int,
-    batch: int,
-) -> dict[str, float]:
-    """The flat summary of SPEC §13 for a toy decomposition."""
-    table, target = recipe.table, as_toy(recipe.target)
-    eval_step = make_eval_step(recipe)
-    n_batches = max(1, -(-n_samples // batch))
-    sample = jax.jit(target.sample, static_argnums=1)
+def accumulate(
+    table: SiteTable,
+    results: Iterable[tuple[dict[str, np.ndarray], tuple[np.ndarray, ...]]],
+    n_batches: int,
+) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Every metric's mean over the evaluation batches, `alive/{site}` (SPEC §13), and each
+    site's max CI per subcomponent, from the `(metrics, max CI per group)` of each batch."""
     sums: dict[str, float] = {}
     ci_max = [np.zeros((len(g.names), g.C)) for g in table.groups]
-    for b in range(n_batches):
-        k_data, k_step = jax.random.split(jax.random.fold_in(key, b))
-        metrics, maxes = jax.device_get(eval_step(state, frozen, sample(k_data, batch), k_step))
+    for metrics, maxes in results:
         for name, value in flat_metrics(table, metrics).items():
             sums[name] = sums.get(name, 0.0) + value / n_batches
         ci_max = [np.maximum(a, m) for a, m in zip(ci_max, maxes, strict=True)]
-    summary = {k: v for k, v in sums.items() if k.startswith(("loss/", "monitor/", "ci_l0/"))}
+    site_max = {n: np.asarray(m) for n, m in table.views(tuple(map(jnp.asarray, ci_max))).items()}
+    for name, mx in site_max.items():
+        sums[f"alive/{name}"] = float(np.sum(mx > ALIVE_THRESHOLD))
+    return sums, site_max
+
+
+EVAL_FOLD = 2**31 - 1  # evaluation data: from fold_in(run_key, EVAL_FOLD), or steps below it
+# `(recipe, state, frozen, batches, run key, eval config) → summary`
+Evaluate = Callable[
+    [Recipe, TrainState, hk.Params, Callable[[int], Batch], Key[Array, ""], EvalConfig],
+    dict[str, float],
+]
+
+
+def evaluate_toy(
+    recipe: Recipe,
+    state: TrainState,
+    frozen: hk.Params,
+    batches: Callable[[int], Batch],
+    run_key: Key[Array, ""],
+    cfg: EvalConfig,
+) -> dict[str, float]:
+    """The flat summary of SPEC §13 for a toy decomposition."""
+    del batches  # fresh samples, n_samples of them, from the evaluation key
+    table, target = recipe.table, as_toy(recipe.target)
+    eval_step = make_eval_step(recipe)
+    batch = cfg.batch
+    n_batches = max(1, -(-cfg.n_samples // batch))
+    sample = jax.jit(target.sample, static_argnums=1)
+    key = jax.random.fold_in(run_key, EVAL_FOLD)
+
+    def results() -> Iterator[tuple[dict[str, np.ndarray], tuple[np.ndarray, ...]]]:
+        for b in range(n_batches):
+            k_data, k_step = jax.random.split(jax.random.fold_in(key, b))
+            yield jax.device_get(eval_step(state, frozen, sample(k_data, batch), k_step))
+
+    means, site_max = accumulate(table, results(), n_batches)
+    keep = ("loss/", "monitor/", "ci_l0/", "alive/")
+    summary = {k: v for k, v in means.items() if k.startswith(keep)}
     summary["eval/n_samples"] = float(n_batches * batch)
-    alive = {
-        n: np.asarray(mx) > ALIVE_THRESHOLD
-        for n, mx in table.views(tuple(jnp.asarray(m) for m in ci_max)).items()
-    }
-    for name, mask in alive.items():
-        summary[f"alive/{name}"] = float(np.sum(mask))
     probes = probe_ci(recipe, state.ci_params, state.components, frozen)
     for name, ci in probes.items():
         k = target.dense_sites.get(name)
@@ -131,6 +157,6 @@ def evaluate(
     comps = table.views(state.components.V), table.views(state.components.U)
     for name in target.feature_sites:
         W, V, U = (np.asarray(a) for a in (weights[name], comps[0][name], comps[1][name]))
-        mmcs, ml2r = mmcs_ml2r(W, V, U, alive[name])
-        summary[f"mmcs/{name}"], summary[f"ml2r/{name}"] = mmcs, ml2r
+        alive = site_max[name] > ALIVE_THRESHOLD
+        summary[f"mmcs/{name}"], summary[f"ml2r/{name}"] = mmcs_ml2r(W, V, U, alive)
     return summary

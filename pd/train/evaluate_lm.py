@@ -6,15 +6,15 @@ from collections.abc import Callable
 import haiku as hk
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int, Key
 
 from pd.decompose import Constant, Draw, Persistent
 from pd.losses import kl
 from pd.state import TrainState
 from pd.targets.base import Output
-from pd.train.evaluate import ALIVE_THRESHOLD, site_max
-from pd.train.step import Metrics, PassInputs, Recipe, ci_l0, flat_metrics
+from pd.train.config import EvalConfig
+from pd.train.evaluate import EVAL_FOLD, accumulate, site_max
+from pd.train.step import Metrics, PassInputs, Recipe, ci_l0
 
 Tokens = Int[Array, "B T"]
 LMEvalFn = Callable[
@@ -63,23 +63,19 @@ def evaluate_lm(
     state: TrainState,
     frozen: hk.Params,
     batches: Callable[[int], Tokens],
-    key: Key[Array, ""],
-    n_batches: int,
+    run_key: Key[Array, ""],
+    cfg: EvalConfig,
 ) -> dict[str, float]:
-    """The flat summary of a language-model decomposition over `n_batches` evaluation batches."""
+    """The flat summary of a language-model decomposition over the evaluation batches (steps
+    counting down from EVAL_FOLD, which training never reaches)."""
+    n_batches = max(1, -(-cfg.n_samples // cfg.batch))
+    key = jax.random.fold_in(run_key, EVAL_FOLD)
     eval_step = make_lm_eval_step(recipe)
-    sums: dict[str, float] = {}
-    ci_max = [np.zeros((len(g.names), g.C)) for g in recipe.table.groups]
-    for b in range(n_batches):
-        metrics, maxes = jax.device_get(
-            eval_step(state, frozen, batches(b), jax.random.fold_in(key, b))
-        )
-        for name, value in flat_metrics(recipe.table, metrics).items():
-            sums[name] = sums.get(name, 0.0) + value / n_batches
-        ci_max = [np.maximum(a, m) for a, m in zip(ci_max, maxes, strict=True)]
-    summary = dict(sums)
-    for name, mx in recipe.table.views(tuple(jnp.asarray(m) for m in ci_max)).items():
-        summary[f"alive/{name}"] = float(np.sum(np.asarray(mx) > ALIVE_THRESHOLD))
+    results = (
+        jax.device_get(eval_step(state, frozen, batches(EVAL_FOLD - b), jax.random.fold_in(key, b)))
+        for b in range(n_batches)
+    )
+    summary, _ = accumulate(recipe.table, results, n_batches)
     zero = summary["kl/zero_masked"]
     summary["kl_ratio/ci_masked_vs_zero"] = summary["kl/ci_masked"] / max(zero, 1e-12)
     # The acceptance bar of a language-model run: every site's mean CI-L0 below C / 4.

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import haiku as hk
 import jax
-import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh
 from tqdm import tqdm
 
@@ -21,34 +19,27 @@ from pd.ci.chunkwise import chunkwise_ci
 from pd.compile_times import CompileTimes, recording
 from pd.data import DataError
 from pd.init import key_tree
-from pd.shard import ShardingError, global_batch, initialize_distributed, make_mesh
+from pd.shard import ShardingError, initialize_distributed, make_mesh
 from pd.shard.state import frozen_shardings
 from pd.state import TrainState
-from pd.targets.base import Batch, as_toy
-from pd.targets.configs import LlamaConfig
+from pd.targets.base import Batch
 from pd.targets.hf import CheckpointError
 from pd.targets.llama import Llama
-from pd.targets.lm import build_target, load_frozen, token_source
 from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig, check_name
-from pd.train.evaluate import evaluate, make_eval_step
-from pd.train.evaluate_lm import evaluate_lm
+from pd.train.evaluate import EVAL_FOLD, make_eval_step
 from pd.train.init_state import init_train_state, state_shardings
+from pd.train.kinds import Batches, kind_of, placed
 from pd.train.rundir import check_destination, staged
 from pd.train.step import (
     Recipe,
     batch_key,
     faith_warmup,
     flat_metrics,
-    make_sampler,
     make_train_step,
 )
 
 log = logging.getLogger(__name__)
-
-EVAL_FOLD = (
-    2**31 - 1
-)  # the evaluation data key is fold_in(run_key, EVAL_FOLD); steps never get there
 
 
 @dataclass(frozen=True)
@@ -66,8 +57,9 @@ class RunResult:
 
 def make_recipe(config: RunConfig) -> Recipe:
     """The static structure of a run (no arrays, nothing compiled); bad sizes are ConfigErrors."""
+    kind = kind_of(config.target)
     try:
-        target = build_target(config.target, config.C)
+        target = kind.build(config.C)
         if config.ci_fn == "chunkwise_transformer":
             if not isinstance(target, Llama):
                 raise ConfigError(
@@ -88,8 +80,7 @@ def make_recipe(config: RunConfig) -> Recipe:
             ci_fn = PerSiteCI(target.table, config.ci_fn, config.ci_hidden)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    seq_len = config.target.seq_len if isinstance(config.target, LlamaConfig) else 0
-    return Recipe(target, ci_fn, config.loss, config.train, seq_len)
+    return Recipe(target, ci_fn, config.loss, config.train, kind.seq_len)
 
 
 def make_mesh_of(config: RunConfig) -> Mesh | None:
@@ -105,24 +96,11 @@ def make_mesh_of(config: RunConfig) -> Mesh | None:
 
 def make_batches(
     config: RunConfig, recipe: Recipe, run_key: jax.Array, mesh: Mesh | None
-) -> Callable[[int], Batch]:
+) -> Batches:
     """The global batch of a step, a pure function of `(seed, step)` (S18), placed on the mesh."""
-    B = config.train.batch
-    if isinstance(config.target, LlamaConfig):
-        tokens = token_source(config.target)
-        T = config.target.seq_len
-
-        def lm_batch(step: int) -> Batch:
-            rows = tokens.batch(config.seed, step, B, T)
-            return jnp.asarray(rows) if mesh is None else global_batch(rows, mesh)
-
-        return lm_batch
-    sample = make_sampler(as_toy(recipe.target), B)
-    if mesh is None:
-        return lambda step: sample(run_key, jnp.asarray(step, jnp.int32))
-    return lambda step: global_batch(
-        np.asarray(sample(run_key, jnp.asarray(step, jnp.int32))), mesh
-    )
+    kind = kind_of(config.target)
+    batch = kind.batches(config.seed, config.train.batch, recipe.target, run_key)
+    return placed(batch, mesh)
 
 
 def _train(
@@ -159,25 +137,6 @@ def _train(
     return state
 
 
-def _evaluate(
-    config: RunConfig,
-    recipe: Recipe,
-    state: TrainState,
-    frozen: hk.Params,
-    batches: Callable[[int], Batch],
-    run_key: jax.Array,
-) -> dict[str, float]:
-    eval_key = jax.random.fold_in(run_key, EVAL_FOLD)
-    n_batches = max(1, -(-config.eval.n_samples // config.eval.batch))
-    if isinstance(config.target, LlamaConfig):
-        # Evaluation batches count down from EVAL_FOLD: steps never get there.
-        def eval_batch(b: int) -> Batch:
-            return batches(EVAL_FOLD - b)
-
-        return evaluate_lm(recipe, state, frozen, eval_batch, eval_key, n_batches)
-    return evaluate(recipe, state, frozen, eval_key, config.eval.n_samples, config.eval.batch)
-
-
 def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> RunResult:
     """Decompose the configured target end to end and write the run folder.
 
@@ -188,6 +147,7 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
         check_name(config.name)  # the name becomes a path
     run_dir = Path(out) if out is not None else Path("runs") / config.name
     recipe = make_recipe(config)  # validates the site specs before anything is written
+    kind = kind_of(config.target)
     if config.distributed.coordinator:  # before anything starts a jax backend
         d = config.distributed
         initialize_distributed(d.coordinator, d.num_processes, d.process_id)
@@ -195,8 +155,7 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
     try:
         # Divisibility and the token file are checked before anything is written or compiled.
         shardings = None if mesh is None else state_shardings(recipe, mesh)
-        if isinstance(config.target, LlamaConfig):
-            token_source(config.target)
+        kind.check_inputs()
     except (ShardingError, DataError) as err:
         raise ConfigError(str(err)) from None
     check_destination(run_dir, overwrite)
@@ -207,7 +166,7 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
     t0 = time.perf_counter()
     with recording() as compile_times:
         try:  # a bad checkpoint stops the run before any folder is made
-            trained = load_frozen(config.target, recipe.target)
+            trained = kind.load_frozen(recipe.target)
         except CheckpointError as err:
             raise ConfigError(str(err)) from None
         log.info("target ready (%s)", trained.describe())
@@ -223,7 +182,7 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
             batches = make_batches(config, recipe, run_key, mesh)
             state = _train(recipe, state, frozen, batches, run_key, tmp_dir, shardings)
             checkpoint.save(tmp_dir / "decomposition.npz", (state.components, state.ci_params))
-            summary = _evaluate(config, recipe, state, frozen, batches, run_key)
+            summary = kind.evaluate(recipe, state, frozen, batches, run_key, config.eval)
             summary["target/attempt"] = float(trained.attempt)
             summary["target/loss"] = trained.loss
             summary["time/total_s"] = time.perf_counter() - t0

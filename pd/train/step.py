@@ -2,7 +2,8 @@
 
 The step's program does not grow with depth or with the number of sites: the target runs its
 layers as one scanned body, the entries and mask draws of a reconstruction plan are rows of
-static arrays under one `lax.map`, and the adversary's warmup ascents are a `fori_loop`.
+static arrays mapped over one at a time, and the adversary's warmup ascents are one loop
+(`pd.loops`).
 """
 
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, Float, Int, Key
 
+from pd import loops
 from pd.adversary import SourceAdam, Sources, ascend
 from pd.ci import CI, CIFunction, GroupParams
 from pd.decompose import (
@@ -102,7 +104,7 @@ def stochastic_recon(
 ) -> Float[Array, ""]:
     """S10/S11: the mean divergence over every forward of the plan, fresh sources each.
 
-    Entry j, draw d is one row of a `lax.map`; its sources and routes come from
+    Entry j, draw d is one row of a map; its sources and routes come from
     `fold_in(fold_in(key, j), d)` split into (source, route) (SPEC §9).
     """
     table = recipe.table
@@ -128,7 +130,7 @@ def stochastic_recon(
         out = recipe.target.forward(inp.frozen, inp.x, Sites(hook, sites))
         return recipe.divergence(out, inp.clean)
 
-    return jnp.mean(jax.lax.map(forward, (entry_of, draw_of)))
+    return jnp.mean(loops.map_rows(forward, (entry_of, draw_of)))
 
 
 def adversarial_recon(recipe: Recipe, inp: PassInputs, sources: Sources) -> Float[Array, ""]:
@@ -236,17 +238,13 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
             fixed_comps, fixed_lower = jax.lax.stop_gradient((comps, ci.lower))
             fixed = PassInputs(frozen, x, fixed_comps, fixed_lower, clean)
 
-            def warmup_ascent(
-                _: Int[Array, ""], carry: tuple[Sources, SourceAdam]
-            ) -> tuple[Sources, SourceAdam]:
+            def warmup_ascent(carry: tuple[Sources, SourceAdam]) -> tuple[Sources, SourceAdam]:
                 # S13: ascents on detached components and CI.
                 sources, source_opt = carry
                 g = jax.grad(lambda s: adversarial_recon(recipe, fixed, s))(sources)
                 return ascend(sources, source_opt, g, source_lr, adv.beta1, adv.beta2, adv.eps)
 
-            sources, source_opt = jax.lax.fori_loop(
-                0, adv.n_warmup, warmup_ascent, (sources, source_opt)
-            )
+            sources, source_opt = loops.repeat(adv.n_warmup, warmup_ascent, (sources, source_opt))
         grad_fn = jax.value_and_grad(
             lambda c, i, s: losses(recipe, c, i, s, (frozen, x, clean), step_key, state.step),
             argnums=(0, 1, 2),

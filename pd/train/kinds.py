@@ -1,0 +1,87 @@
+"""What differs between toy targets and language models, decided once (`kind_of`): the model,
+its frozen weights, its batches and its evaluation."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jaxtyping import Array, Key
+
+from pd.shard import global_batch
+from pd.targets.base import Batch, Target, ToyTarget, as_toy
+from pd.targets.configs import LlamaConfig, TargetConfig
+from pd.targets.lm import build_llama, load_llama, token_source
+from pd.targets.train import TrainedTarget, load_or_train
+from pd.train.evaluate import Evaluate, evaluate_toy
+from pd.train.evaluate_lm import evaluate_lm
+from pd.train.step import make_sampler
+
+Batches = Callable[[int], Batch]  # the global batch of a step (S18), placed on the mesh
+HostBatches = Callable[[int], np.ndarray | jax.Array]
+# `(seed, batch size, target, run key) → batches`
+MakeBatches = Callable[[int, int, Target, Key[Array, ""]], HostBatches]
+
+
+@dataclass(frozen=True)
+class TargetKind:
+    """One kind of target, bound to its config."""
+
+    build: Callable[[int], Target]  # C → the target
+    seq_len: int  # positions per example beyond the batch (0 for toys)
+    check_inputs: Callable[[], object]  # opens what the run reads, before any compile
+    load_frozen: Callable[[Target], TrainedTarget]
+    batches: MakeBatches
+    evaluate: Evaluate
+
+
+def _toy_batches(seed: int, batch: int, target: Target, run_key: Key[Array, ""]) -> HostBatches:
+    """Drawn on device from `fold_in(fold_in(run_key, step), 0)` (S18)."""
+    del seed  # in run_key
+    sample = make_sampler(as_toy(target), batch)
+    return lambda step: sample(run_key, jnp.asarray(step, jnp.int32))
+
+
+def _lm_batches(
+    cfg: LlamaConfig, seed: int, batch: int, target: Target, run_key: Key[Array, ""]
+) -> HostBatches:
+    """Windows of the token file drawn host-side by a Philox generator keyed `(seed, step)`."""
+    del target, run_key
+    tokens = token_source(cfg)
+    return lambda step: tokens.batch(seed, step, batch, cfg.seq_len)
+
+
+def _load_toy(cfg: TargetConfig, target: Target) -> TrainedTarget:
+    toy: ToyTarget = as_toy(target)
+    return load_or_train(cfg, toy)
+
+
+def kind_of(cfg: TargetConfig) -> TargetKind:
+    """The one place that tells language models from toys."""
+    if isinstance(cfg, LlamaConfig):
+        return TargetKind(
+            build=partial(build_llama, cfg),
+            seq_len=cfg.seq_len,
+            check_inputs=partial(token_source, cfg),
+            load_frozen=partial(load_llama, cfg),
+            batches=partial(_lm_batches, cfg),
+            evaluate=evaluate_lm,
+        )
+    return TargetKind(
+        build=cfg.build,
+        seq_len=0,
+        check_inputs=lambda: None,
+        load_frozen=partial(_load_toy, cfg),
+        batches=_toy_batches,
+        evaluate=evaluate_toy,
+    )
+
+
+def placed(batches: HostBatches, mesh: Mesh | None) -> Batches:
+    """Batches on the mesh (built with `make_array_from_process_local_data`), or as they are."""
+    if mesh is None:
+        return lambda step: jnp.asarray(batches(step))
+    return lambda step: global_batch(np.asarray(batches(step)), mesh)
