@@ -165,11 +165,10 @@ def layer_sites(
     ci_lower: tuple[Float[Array, "_n ... _C"], ...],
     sources: tuple[Float[Array, "_n ... _Cp1"], ...] | None = None,
     live: dict[str, Bool[Array, " n_layers"]] | None = None,
-    columns: dict[str, Int[Array, " n_layers"]] | None = None,
 ) -> dict[str, LayerSites]:
     """Per decomposed kind, its sites' `LayerSites` stacked over the layers, from the per-group
-    storage. `live` (default: every site) and `columns` (default 0) are per kind and layer; a
-    layer without a site of the kind is never live."""
+    storage. `live` (default: every site) is per kind and layer; a layer without a site of the
+    kind is never live. Route columns are 0 (a plan entry sets its own)."""
     out = {}
     for kind in table.kinds:
         lay = table.layout(kind)
@@ -181,7 +180,7 @@ def layer_sites(
             source=None if sources is None else table.by_kind(sources, kind, c_groups=True),
             site_index=jnp.asarray([max(i, 0) for i in lay.indices], jnp.int32),
             live=present if live is None else present & live[kind],
-            column=(jnp.zeros(table.n_layers, jnp.int32) if columns is None else columns[kind]),
+            column=jnp.zeros(table.n_layers, jnp.int32),
         )
     return out
 

@@ -112,6 +112,7 @@ class LlamaConfig(TrainsInProcess):
     kinds: tuple[LlamaKind, ...] = LLAMA_KINDS
     layers: tuple[int, ...] = ()  # decomposed layers; empty: every layer
     kind_C: KindC = KindC()
+    remat: Literal["dots", "full", "none"] = "dots"  # the layer body's checkpoint (llama.py)
     corpus_tokens: int = 400_000
     seed: int = 0
     train_steps: int = 3000

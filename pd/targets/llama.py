@@ -22,8 +22,9 @@ per-layer ones stacked on a leading `[n_layers]` axis:
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from typing import Literal, TypeVar, cast
 
 import haiku as hk
 import jax
@@ -36,6 +37,23 @@ from pd.decompose import FROZEN, LayerSites, Sites, apply_site
 from pd.rope import rope, rope_tables
 from pd.sites import SiteSpec, SiteTable
 from pd.targets.base import Divergence, LayerTaps, Taps, TargetBase, input_tap
+
+# How the layer body is checkpointed. "dots": the backward keeps the outputs of the layer's
+# matmuls (projections and the decomposed path) and recomputes norms, RoPE and attention's
+# batched dots; "full": it keeps only each layer's input and recomputes the layer; "none": it
+# keeps everything (fastest for a small model, whose activations are small).
+Remat = Literal["dots", "full", "none"]
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def checkpointed(body: F, remat: Remat) -> F:
+    """`body` under `jax.checkpoint` with the policy of `remat`."""
+    if remat == "none":
+        return body
+    dots = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    # jax.checkpoint keeps the signature; its annotation does not say so.
+    return cast(F, jax.checkpoint(body, policy=dots if remat == "dots" else None))
+
 
 # The transformer kind order of canonical site order (SPEC §2).
 KINDS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -111,6 +129,7 @@ class Llama(TargetBase):
     arch: LlamaArch
     kind_C: tuple[tuple[str, int], ...]  # decomposed kinds and their C
     layers: tuple[int, ...]  # decomposed layers
+    remat: Remat = "dots"
     table: SiteTable = field(init=False)
     _net: hk.Transformed = field(init=False, repr=False, compare=False)
 
@@ -187,10 +206,6 @@ class Llama(TargetBase):
         causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]
         recorded = self.table.kinds
 
-        # One layer's body, checkpointed: the backward keeps the outputs of the layer's matmuls
-        # (the projections and the decomposed path) and recomputes the rest — norms, RoPE and
-        # attention's batched dots — instead of keeping every activation of every layer.
-        @partial(jax.checkpoint, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
         def layer(
             h: Float[Array, "B T d"], xs: tuple[dict[str, Array], dict[str, LayerSites]]
         ) -> tuple[Float[Array, "B T d"], LayerTaps]:
@@ -213,7 +228,7 @@ class Llama(TargetBase):
             taps = {input_tap(kind): inputs[kind] for kind in recorded}
             return h_mid + proj("down", x_down), {"resid": h, **taps}
 
-        h, taps = loops.scan(layer, h, (stacked, sites.layers))
+        h, taps = loops.scan(checkpointed(layer, self.remat), h, (stacked, sites.layers))
         taps["resid"] = jnp.concatenate([taps["resid"], h[None]])
         h = rms_norm(h, final_norm, a.rms_eps)
         logits = jnp.matmul(h, W_head, preferred_element_type=jnp.float32)

@@ -63,7 +63,7 @@ def build_llama(cfg: LlamaConfig, C: int) -> Llama:
             raise ValueError(
                 f"config key 'target.kinds' holds {k!r}, expected one of {LLAMA_KINDS}"
             )
-    return Llama(arch, tuple((k, kind_C[k] or C) for k in cfg.kinds), layers)
+    return Llama(arch, tuple((k, kind_C[k] or C) for k in cfg.kinds), layers, cfg.remat)
 
 
 @cache
@@ -123,8 +123,9 @@ def load_llama(cfg: LlamaConfig, target: Target) -> TrainedTarget:
     if cfg.checkpoint:
         _, params = load_hf(cfg.checkpoint)
         return TrainedTarget(params, 0, float("nan"), from_cache=True)
-    # Which sites are decomposed does not change the model: leave them out of the cache key.
-    model_only = dataclasses.replace(cfg, kinds=(), layers=(), kind_C=KindC())
+    # Which sites are decomposed (and how the step checkpoints) does not change the model: leave
+    # them out of the cache key.
+    model_only = dataclasses.replace(cfg, kinds=(), layers=(), kind_C=KindC(), remat="dots")
     path = cache_dir() / "targets" / _cache_key(model_only)
     cached = _load(path)
     if cached is not None:

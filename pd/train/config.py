@@ -78,6 +78,10 @@ class TrainConfig:
     faith_warmup_lr: float = 0.01
     faith_warmup_wd: float = 0.1
     log_every: int = 100
+    # Loop bodies per iteration in the step (JAX's scan `unroll`, see pd/loops.py): the program
+    # holds that many copies of each body, whatever the depth. 2 is faster for small models on a
+    # CPU, where two bodies run side by side.
+    unroll: int = 1
 
 
 @dataclass(frozen=True)

@@ -199,6 +199,13 @@ def evaluate_batch(
     recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batch, step_key: Key[Array, ""]
 ) -> tuple[Metrics, CI]:
     """The losses and monitors of `state` on a batch, and the CI they used (no gradient)."""
+    with loops.unroll(recipe.train.unroll):
+        return _evaluate_batch(recipe, state, frozen, x, step_key)
+
+
+def _evaluate_batch(
+    recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batch, step_key: Key[Array, ""]
+) -> tuple[Metrics, CI]:
     comps = state.components
     ci, clean = recipe.ci(state.ci_params, comps, frozen, x)
     _, metrics = losses(recipe, comps, ci, state.sources, (frozen, x, clean), step_key, state.step)
@@ -221,6 +228,12 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
     adv = recipe.loss.adversary
 
     def train_step(
+        state: TrainState, frozen: hk.Params, x: Batch, run_key: Key[Array, ""]
+    ) -> tuple[TrainState, Metrics]:
+        with loops.unroll(recipe.train.unroll):  # at trace time
+            return one_step(state, frozen, x, run_key)
+
+    def one_step(
         state: TrainState, frozen: hk.Params, x: Batch, run_key: Key[Array, ""]
     ) -> tuple[TrainState, Metrics]:
         step_key = jax.random.fold_in(run_key, state.step)
