@@ -60,7 +60,8 @@ def _compile_only(config: RunConfig) -> int:
     times, flops = compile_only(config)
     print(times.table())
     for name, value in flops.items():
-        print(f"{name}: {value / 1e12:.3f} TFLOP per device (XLA cost analysis)")
+        tflop = value / 1e12
+        print(f"{name}: {tflop:.3f} TFLOP per device (XLA cost analysis, loop bodies once)")
     return 0
 
 
