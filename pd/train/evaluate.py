@@ -120,15 +120,10 @@ Evaluate = Callable[
 
 
 def evaluate_toy(
-    recipe: Recipe,
-    state: TrainState,
-    frozen: hk.Params,
-    batches: Callable[[int], Batch],
-    run_key: Key[Array, ""],
-    cfg: EvalConfig,
+    recipe: Recipe, state: TrainState, frozen: hk.Params, run_key: Key[Array, ""], cfg: EvalConfig
 ) -> dict[str, float]:
-    """The flat summary of SPEC §13 for a toy decomposition."""
-    del batches  # fresh samples, n_samples of them, from the evaluation key
+    """The flat summary of SPEC §13 for a toy decomposition, on `n_samples` fresh samples
+    drawn from the evaluation key."""
     table, target = recipe.table, as_toy(recipe.target)
     eval_step = make_eval_step(recipe)
     batch = cfg.batch

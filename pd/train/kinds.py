@@ -76,7 +76,9 @@ def kind_of(cfg: TargetConfig) -> TargetKind:
         check_inputs=lambda: None,
         load_frozen=partial(_load_toy, cfg),
         batches=_toy_batches,
-        evaluate=evaluate_toy,
+        evaluate=lambda recipe, state, frozen, _, run_key, cfg: evaluate_toy(
+            recipe, state, frozen, run_key, cfg
+        ),
     )
 
 
