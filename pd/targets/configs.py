@@ -92,9 +92,10 @@ class KindC:
 
 @dataclass(frozen=True)
 class LlamaConfig(TrainsInProcess):
-    """A Llama-style language model: loaded from a local Hugging Face directory (`checkpoint`),
-    or, when that is empty, built from the sizes below and trained in-process on `tokens` (a
-    `.npy` / `.bin` token file) or, when that is empty too, on the built-in synthetic corpus."""
+    """A Llama-style language model: loaded from a local Hugging Face directory or a `.gguf`
+    file (`checkpoint`), or, when that is empty, built from the sizes below and trained
+    in-process on `tokens` (a `.npy` / `.bin` token file) or, when that is empty too, on the
+    built-in synthetic corpus."""
 
     kind: Literal["llama"] = "llama"
     checkpoint: str = ""

@@ -15,6 +15,7 @@ from pd.data import TokenSource, load_tokens, synthetic_corpus
 from pd.decompose import FROZEN
 from pd.targets.base import Target
 from pd.targets.configs import LLAMA_KINDS, KindC, LlamaConfig
+from pd.targets.gguf import is_gguf, load_gguf, read_gguf_arch
 from pd.targets.hf import CONFIG, load_hf, read_config
 from pd.targets.llama import Llama, LlamaArch
 from pd.targets.train import (
@@ -38,6 +39,8 @@ ENTROPY_SLACK = 0.1
 
 def llama_arch(cfg: LlamaConfig) -> LlamaArch:
     """The checkpoint's architecture, or the configured sizes for an in-process model."""
+    if is_gguf(cfg.checkpoint):
+        return read_gguf_arch(cfg.checkpoint)
     if cfg.checkpoint:
         return read_config(Path(cfg.checkpoint) / CONFIG)
     return LlamaArch(
@@ -121,7 +124,8 @@ def load_llama(cfg: LlamaConfig, target: Target) -> TrainedTarget:
     tokens and cached by the config's hash."""
     assert isinstance(target, Llama)
     if cfg.checkpoint:
-        _, params = load_hf(cfg.checkpoint)
+        load = load_gguf if is_gguf(cfg.checkpoint) else load_hf
+        _, params = load(cfg.checkpoint)
         return TrainedTarget(params, 0, float("nan"), from_cache=True)
     # Which sites are decomposed (and how the step checkpoints) does not change the model: leave
     # them out of the cache key.
