@@ -42,7 +42,7 @@ class CompileTimes:
         return "\n".join(lines)
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(self.by_name, indent=2, sort_keys=True))
+        path.write_text(json.dumps(self.by_name, indent=2, sort_keys=True, allow_nan=False))
 
 
 _active: list[CompileTimes] = []

@@ -123,6 +123,47 @@ def test_overwrite_refuses_a_folder_pd_did_not_make(
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    ("assignment", "needle"),
+    [
+        ("train.lr.start=inf", "finite"),
+        ("loss.importance=nan", "finite"),
+        ("loss.p.start=0", "sparsity pressure"),
+        ("train.lr.start=0", "trains nothing"),
+    ],
+)
+def test_values_that_make_the_method_meaningless_are_refused(
+    assignment: str, needle: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    key = assignment.split("=")[0]
+    _fails(["tms_5-2", "--set", assignment], capsys, tmp_path / "run", key, needle)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_diverging_run_stops_with_status_3_and_keeps_the_old_run(tmp_path: Path) -> None:
+    """A huge learning rate makes the loss non-finite: one sentence naming the step and the
+    term, exit status 3, no run folder that looks like a result, the earlier run kept."""
+    old = tmp_path / "run"
+    old.mkdir()
+    (old / MARKER).write_text("")
+    (old / "summary.json").write_text('{"kept": 1}')
+    tiny = ["train.steps=30", "train.batch=64", "train.log_every=5", "train.faith_warmup_steps=0"]
+    tiny += ["target.train_steps=1500", "target.train_batch=1024", "train.lr.start=1e30"]
+    sets = [a for t in tiny for a in ("--set", t)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pd.train", "tms_5-2", *sets, "--out", str(old), "--overwrite"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 3, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: training diverged at step "), last
+    assert " is nan" in last or " is inf" in last, last
+    assert (old / "summary.json").read_text() == '{"kept": 1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
 def test_exit_status_from_the_command_line(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pd.train", "no_such_preset", "--out", str(tmp_path / "r")],

@@ -10,7 +10,7 @@ import jax
 
 from pd.log import setup_logging
 from pd.train.config import ConfigError, RunConfig, load_config, preset_names
-from pd.train.run import run, summary_table
+from pd.train.run import Diverged, run, summary_table
 from pd.train.rundir import check_destination
 
 
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:  # found once the target or data is opened, before any compile
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Diverged as err:  # nothing was written; an earlier run in the folder is kept
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     print(summary_table(result.summary))
     print(result.compile_times.table())
     print(f"run folder: {result.run_dir}")

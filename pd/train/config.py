@@ -6,6 +6,7 @@ what was expected; it is raised before anything is compiled or written.
 
 import dataclasses
 import difflib
+import math
 import re
 import tomllib
 import types
@@ -186,9 +187,9 @@ def _check_scalar(path: str, value: object, tp: object) -> object:
         raise ConfigError(f"config key '{path}' is {value!r}, expected {word} integer")
     if tp is float:
         value = float(value)  # type: ignore[arg-type]  # checked to be int | float above
-        lo_hi = (0.0, 1.0) if name in _FRACTIONS else (0.0, float("inf"))
-        if not lo_hi[0] <= value <= lo_hi[1]:
-            want = "a number in [0, 1]" if name in _FRACTIONS else "a non-negative number"
+        hi = 1.0 if name in _FRACTIONS else float("inf")
+        if not (math.isfinite(value) and 0.0 <= value <= hi):
+            want = "a number in [0, 1]" if name in _FRACTIONS else "a finite non-negative number"
             raise ConfigError(f"config key '{path}' is {value!r}, expected {want}")
     return value
 
@@ -266,6 +267,16 @@ def from_dict(data: dict[str, object]) -> RunConfig:
             f"config key 'loss.p.warmup_pct' is {config.loss.p.warmup_pct!r}, expected 0 "
             "(p has no warmup, SPEC §5)"
         )
+    # Values the checks above allow but that make the method meaningless.
+    for key, value, why in (
+        ("loss.p.start", config.loss.p.start, "p ≤ 0 removes the sparsity pressure"),
+        ("train.lr.start", config.train.lr.start, "a zero learning rate trains nothing"),
+        ("train.ci_lr.start", config.train.ci_lr.start, "a zero learning rate trains nothing"),
+    ):
+        if value <= 0:
+            raise ConfigError(
+                f"config key '{key}' is {value!r}, expected a positive number ({why})"
+            )
     return config
 
 

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +41,11 @@ from pd.train.step import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class Diverged(RuntimeError):
+    """Training produced a non-finite loss or gradient norm; the message names the step and
+    the term."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,14 @@ def _train(
                 evaluated, _ = eval_step(state, frozen, x, batch_key(run_key, step))
                 monitors = {k: v for k, v in evaluated.items() if k.startswith("monitor/")}
                 row = flat_metrics(recipe.table, jax.device_get({**metrics, **monitors}))
-                out.write(json.dumps({"step": step, **row}) + "\n")
+                bad = [k for k, v in row.items() if not math.isfinite(v)]
+                if bad:  # the run folder is not made: nothing that looks like a result
+                    others = f" (and {len(bad) - 1} more terms)" if len(bad) > 1 else ""
+                    raise Diverged(
+                        f"training diverged at step {step}: {bad[0]} is {row[bad[0]]}{others}, "
+                        "expected finite values (lower the learning rate)"
+                    )
+                out.write(json.dumps({"step": step, **row}, allow_nan=False) + "\n")
                 out.flush()  # readable while the run goes on
                 bar.set_postfix(loss=f"{row['loss/total']:.3g}")
             bar.update(1)
@@ -171,7 +184,8 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
             raise ConfigError(str(err)) from None
         log.info("target ready (%s)", trained.describe())
         with staged(run_dir, overwrite) as tmp_dir:
-            (tmp_dir / "config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2))
+            config_json = json.dumps(dataclasses.asdict(config), indent=2, allow_nan=False)
+            (tmp_dir / "config.json").write_text(config_json)
             frozen = trained.params
             if mesh is not None:
                 frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
@@ -184,9 +198,11 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
             checkpoint.save(tmp_dir / "decomposition.npz", (state.components, state.ci_params))
             summary = kind.evaluate(recipe, state, frozen, batches, run_key, config.eval)
             summary["target/attempt"] = float(trained.attempt)
-            summary["target/loss"] = trained.loss
+            if math.isfinite(trained.loss):  # a loaded checkpoint has no training loss
+                summary["target/loss"] = trained.loss
             summary["time/total_s"] = time.perf_counter() - t0
-            (tmp_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+            summary_json = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)
+            (tmp_dir / "summary.json").write_text(summary_json)
             compile_times.write(tmp_dir / "compile.json")
             if config.eval.figures:
                 from pd.train.figures import write_figures  # matplotlib only when drawing
@@ -209,4 +225,4 @@ def summary_table(summary: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RunResult", "make_recipe", "run", "summary_table"]
+__all__ = ["Diverged", "RunResult", "make_recipe", "run", "summary_table"]

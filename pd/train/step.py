@@ -275,6 +275,7 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
         up_c, opt_c_state = opt_c.update(g_comps, state.opt_components, comps)
         up_ci, opt_ci_state = opt_ci.update(g_ci_params, state.opt_ci, state.ci_params)
         metrics["lr"] = schedule_value(recipe.train.lr, recipe.train.steps, state.step)
+        metrics["grad_norm/components"] = optax.tree.norm(g_comps)  # before the clip
         new = TrainState(
             step=state.step + 1,
             components=optax.apply_updates(comps, up_c),
