@@ -92,7 +92,7 @@ def _compare(
     got, init = recorded
     with np.load(f"{GOLDEN}/{golden_file}") as z:
         want = {k: z[k] for k in z.files}
-    assert sorted(got) == sorted(want)
+    assert set(want) <= set(got)  # metrics added since (grad_norm) are not in the recording
     for key, ref in want.items():
         diff = got[key] - ref
         if "/ci_l0/" in key:
