@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Shaped
 
-T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
 
 
@@ -21,6 +20,12 @@ def take(arr: Shaped[Array, "n ..."], index: tuple[int, ...]) -> Shaped[Array, "
     if step > 0 and index == tuple(range(index[0], index[0] + step * len(index), step)):
         return arr[index[0] : index[-1] + 1 : step]
     return arr[jnp.asarray(index)]
+
+
+def input_tap(kind: str) -> str:
+    """The tap (SPEC §4) holding the clean-path inputs of a kind's sites, stacked over the
+    layers: written by targets, read by the per-site CI functions."""
+    return f"in.{kind}"
 
 
 def _slots(groups: "Sequence[ShapeGroup | CGroup]") -> dict[str, tuple[int, int]]:
@@ -262,7 +267,3 @@ class SiteTable:
     ) -> tuple[Shaped[Array, "_n ..."], ...]:
         """Per-group storage from per-kind arrays stacked over the layers (`by_kind`'s inverse)."""
         return self.gather_groups(per_kind, {s.name: (s.kind, s.layer) for s in self.sites})
-
-    def per_group(self, per_site: dict[str, T]) -> tuple[list[T], ...]:
-        """Regroup a `{site: value}` dict into per-group lists in slot order."""
-        return tuple([per_site[n] for n in grp.names] for grp in self.groups)

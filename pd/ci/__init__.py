@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Key
 
 from pd.ci.mlp import PerSiteCIKind, site_ci_transform
 from pd.ci.squash import lower_leaky_hard, upper_leaky_hard
-from pd.sites import SiteTable
+from pd.sites import SiteTable, input_tap
 
 GroupParams = tuple[hk.Params, ...]
 # Clean-path activations by name, stacked over the layers (S4; see `pd.targets.base.Taps`).
@@ -82,5 +82,5 @@ class PerSiteCI:
 
     def ci(self, params: GroupParams, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]) -> CI:
         """CI of every site from its own input, read from its kind's input tap."""
-        inputs = self.table.from_kinds({k: taps[f"in.{k}"] for k in self.table.kinds})
+        inputs = self.table.from_kinds({k: taps[input_tap(k)] for k in self.table.kinds})
         return self.apply(params, inputs, V)

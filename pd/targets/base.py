@@ -6,7 +6,7 @@ import haiku as hk
 from jaxtyping import Array, Float, Key, Shaped
 
 from pd.decompose import FROZEN, Sites
-from pd.sites import SiteSpec, SiteTable
+from pd.sites import SiteTable
 
 TrainParams = dict[str, Array]
 # A batch: `[B, n_features]` floats for toys, `[B, T]` token ids for language models.
@@ -18,16 +18,6 @@ Output = Float[Array, "B ..."]
 Taps = dict[str, Float[Array, "_n B ..."]]
 LayerTaps = dict[str, Float[Array, "B ..."]]  # one layer's taps, inside a target's layer scan
 Divergence = Literal["mse", "kl"]
-
-
-def input_tap(kind: str) -> str:
-    """The tap holding the inputs of a kind's sites, stacked over the layers."""
-    return f"in.{kind}"
-
-
-def site_input(taps: Taps, site: SiteSpec) -> Float[Array, "B ..."]:
-    """One site's clean-path input, a view of its kind's stacked input tap."""
-    return taps[input_tap(site.kind)][site.layer]
 
 
 class TargetBase:

@@ -35,8 +35,8 @@ from jaxtyping import Array, Bool, Float, Int, Key
 from pd import loops
 from pd.decompose import FROZEN, LayerSites, Sites, apply_site
 from pd.rope import rope, rope_tables
-from pd.sites import SiteSpec, SiteTable
-from pd.targets.base import Divergence, LayerTaps, Taps, TargetBase, input_tap
+from pd.sites import SiteSpec, SiteTable, input_tap
+from pd.targets.base import Divergence, LayerTaps, Taps, TargetBase
 
 # How the layer body is checkpointed. "dots": the backward keeps the outputs of the layer's
 # matmuls (projections and the decomposed path) and recomputes norms, RoPE and attention's

@@ -11,8 +11,8 @@ from jaxtyping import Array, Float, Key
 from pd import loops
 from pd.decompose import LayerSites, Sites, apply_site
 from pd.init import scaled_normal
-from pd.sites import SiteSpec, SiteTable
-from pd.targets.base import LayerTaps, Taps, TargetBase, TrainParams, input_tap
+from pd.sites import SiteSpec, SiteTable, input_tap
+from pd.targets.base import LayerTaps, Taps, TargetBase, TrainParams
 
 
 @dataclass(frozen=True)

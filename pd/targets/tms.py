@@ -9,8 +9,13 @@ import numpy as np
 from jaxtyping import Array, Float, Key
 
 from pd.decompose import Sites, apply_site, layer_of
-from pd.sites import SiteSpec, SiteTable
-from pd.targets.base import Taps, TargetBase, TrainParams, input_tap
+from pd.sites import SiteSpec, SiteTable, input_tap
+from pd.targets.base import Taps, TargetBase, TrainParams
+
+
+def _param(site: str) -> str:
+    """A site's parameter: `linear1`, `hidden_{i}`, `linear2`."""
+    return site.replace(".", "_")
 
 
 @dataclass(frozen=True)
@@ -39,14 +44,14 @@ class TMS(TargetBase):
         p, layer = params["~"], layer_of(sites, 0)
         taps: Taps = {}
 
-        def site(name: str, h: Float[Array, "B d"], W: Float[Array, "d e"]) -> Float[Array, "B e"]:
+        def site(name: str, h: Float[Array, "B d"]) -> Float[Array, "B e"]:
             taps[input_tap(name)] = h[None]
-            return apply_site(sites.hook, layer, name, h, W)
+            return apply_site(sites.hook, layer, name, h, p[_param(name)])
 
-        h = site("linear1", x, p["linear1"])
+        h = site("linear1", x)
         for i in range(self.n_identity):
-            h = site(f"hidden.{i}", h, p[f"hidden_{i}"])
-        out = jax.nn.relu(site("linear2", h, p["linear2"]) + p["b"])
+            h = site(f"hidden.{i}", h)
+        out = jax.nn.relu(site("linear2", h) + p["b"])
         return out, taps
 
     @property
@@ -61,10 +66,7 @@ class TMS(TargetBase):
         return ("linear1",)
 
     def weights(self, params: hk.Params) -> dict[str, Float[Array, "1 d_in d_out"]]:
-        p = params["~"]
-        names = {"linear1": "linear1", "linear2": "linear2"}
-        names.update({f"hidden.{i}": f"hidden_{i}" for i in range(self.n_identity)})
-        return {site: p[key][None] for site, key in names.items()}
+        return {name: params["~"][_param(name)][None] for name in self.table.names}
 
     def sample(self, key: Key[Array, ""], batch_size: int) -> Float[Array, "B n"]:
         """Each feature active with probability `feature_prob`, value U[0, 1]."""

@@ -38,9 +38,8 @@ class TrainedTarget:
         return f"attempt {self.attempt}, loss {self.loss:.3g}, cached {self.from_cache}"
 
 
-P = TypeVar(
-    "P", hk.Params, TrainParams
-)  # a target's parameters (haiku's or a toy's trainable ones)
+# A target's parameters: haiku's, or a toy's trainable ones.
+P = TypeVar("P", hk.Params, TrainParams)
 D = TypeVar("D")
 
 

@@ -93,18 +93,19 @@ def probe_ci(
 
 
 def accumulate(
-    table: SiteTable,
-    results: Iterable[tuple[dict[str, np.ndarray], tuple[np.ndarray, ...]]],
-    n_batches: int,
+    table: SiteTable, results: Iterable[tuple[dict[str, np.ndarray], tuple[np.ndarray, ...]]]
 ) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     """Every metric's mean over the evaluation batches, `alive/{site}` (SPEC §13), and each
     site's max CI per subcomponent, from the `(metrics, max CI per group)` of each batch."""
     sums: dict[str, float] = {}
     ci_max = [np.zeros((len(g.names), g.C)) for g in table.groups]
+    n_batches = 0
     for metrics, maxes in results:
         for name, value in flat_metrics(table, metrics).items():
-            sums[name] = sums.get(name, 0.0) + value / n_batches
+            sums[name] = sums.get(name, 0.0) + value
         ci_max = [np.maximum(a, m) for a, m in zip(ci_max, maxes, strict=True)]
+        n_batches += 1
+    sums = {name: total / n_batches for name, total in sums.items()}
     site_max = {n: np.asarray(m) for n, m in table.views(tuple(map(jnp.asarray, ci_max))).items()}
     for name, mx in site_max.items():
         sums[f"alive/{name}"] = float(np.sum(mx > ALIVE_THRESHOLD))
@@ -136,7 +137,7 @@ def evaluate_toy(
             k_data, k_step = jax.random.split(jax.random.fold_in(key, b))
             yield jax.device_get(eval_step(state, frozen, sample(k_data, batch), k_step))
 
-    means, site_max = accumulate(table, results(), n_batches)
+    means, site_max = accumulate(table, results())
     keep = ("loss/", "monitor/", "ci_l0/", "alive/")
     summary = {k: v for k, v in means.items() if k.startswith(keep)}
     summary["eval/n_samples"] = float(n_batches * batch)

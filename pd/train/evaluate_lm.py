@@ -75,7 +75,7 @@ def evaluate_lm(
         jax.device_get(eval_step(state, frozen, batches(EVAL_FOLD - b), jax.random.fold_in(key, b)))
         for b in range(n_batches)
     )
-    summary, _ = accumulate(recipe.table, results, n_batches)
+    summary, _ = accumulate(recipe.table, results)
     zero = summary["kl/zero_masked"]
     summary["kl_ratio/ci_masked_vs_zero"] = summary["kl/ci_masked"] / max(zero, 1e-12)
     # The acceptance bar of a language-model run: every site's mean CI-L0 below C / 4.

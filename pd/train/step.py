@@ -199,19 +199,14 @@ def evaluate_batch(
     recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batch, step_key: Key[Array, ""]
 ) -> tuple[Metrics, CI]:
     """The losses and monitors of `state` on a batch, and the CI they used (no gradient)."""
-    with loops.unroll(recipe.train.unroll):
-        return _evaluate_batch(recipe, state, frozen, x, step_key)
-
-
-def _evaluate_batch(
-    recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batch, step_key: Key[Array, ""]
-) -> tuple[Metrics, CI]:
     comps = state.components
-    ci, clean = recipe.ci(state.ci_params, comps, frozen, x)
-    _, metrics = losses(recipe, comps, ci, state.sources, (frozen, x, clean), step_key, state.step)
-    inp = PassInputs(frozen, x, comps, ci.lower, clean)
-    metrics["monitor/ci_masked_recon"] = monitor(recipe, inp, 0.0)
-    metrics["monitor/unmasked_recon"] = monitor(recipe, inp, 1.0)
+    with loops.unroll(recipe.train.unroll):  # at trace time
+        ci, clean = recipe.ci(state.ci_params, comps, frozen, x)
+        inputs = (frozen, x, clean)
+        _, metrics = losses(recipe, comps, ci, state.sources, inputs, step_key, state.step)
+        inp = PassInputs(frozen, x, comps, ci.lower, clean)
+        metrics["monitor/ci_masked_recon"] = monitor(recipe, inp, 0.0)
+        metrics["monitor/unmasked_recon"] = monitor(recipe, inp, 1.0)
     return metrics, ci
 
 
