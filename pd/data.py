@@ -1,12 +1,15 @@
 """Token data for language-model targets: batches as a pure function of `(seed, step)` (SPEC S18).
 
-A run never streams or tokenizes at run time (PITFALLS 37): it reads a local file of token ids
-(`.npy`, or raw `.bin`) through a memory map, or the built-in synthetic corpus. Window start
-offsets come from the counter-based Philox generator keyed by `(seed, step)`, so the batch of
-step s is computed directly (O(1) resume) and each process can build only its own rows.
+A run never streams from a hub (PITFALLS 37): it reads a local file of token ids (`.npy`, or
+raw `.bin`) through a memory map, a local text file it tokenizes at start (`pd.text`), or the
+built-in synthetic corpus. A local file may be named inside an installed package
+(`package:NAME/PATH`, `local_file`), so that presets can use what `make setup` installs. Window
+start offsets come from the counter-based Philox generator keyed by `(seed, step)`, so the batch
+of step s is computed directly (O(1) resume) and each process can build only its own rows.
 """
 
 import bisect
+import importlib.metadata
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,28 @@ _UINT64_MAX = 2**64 - 1
 
 class DataError(ValueError):
     """A token file or batch request that cannot be used, named with the offending value."""
+
+
+PACKAGE = "package:"
+
+
+def local_file(spec: str, key: str) -> Path:
+    """The path of `spec`: a plain path, or `package:NAME/PATH`, the installed file of the
+    distribution NAME whose recorded path ends with PATH. `key` names the config field."""
+    if not spec.startswith(PACKAGE):
+        return Path(spec)
+    name, _, tail = spec.removeprefix(PACKAGE).partition("/")
+    try:
+        files = importlib.metadata.files(name) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise DataError(
+            f"config key '{key}' is {spec!r}, but package {name!r} is not installed "
+            "(make setup installs it)"
+        ) from None
+    for file in files:
+        if f"/{file.as_posix()}".endswith(f"/{tail}"):
+            return Path(str(file.locate())).resolve()
+    raise DataError(f"config key '{key}' is {spec!r}, but package {name!r} has no file {tail!r}")
 
 
 def _check_tokens(tokens: np.ndarray, name: str) -> None:

@@ -2,9 +2,10 @@
 own metadata with Hugging Face's `tokenizers` (byte-level BPE: `tokenizer.ggml.tokens` and
 `.merges`), and a command that tokenizes text files into a train and a held-out `.npy`.
 
-    python -m pd.text tokenize MODEL.gguf OUT_DIR TEXT_FILE ... [--held-out 0.1]
+    python -m pd.text tokenize MODEL.gguf OUT_DIR TEXT_FILE ... [--held-out 0.1] [--separator %]
 
-Documents (one per file) are separated by the model's end-of-sequence token. The held-out part
+Documents (one per file, or split at a `--separator` line) end with the model's end-of-sequence
+token. The held-out part
 is the last `--held-out` fraction of each file's tokens, so no text is in both parts.
 """
 
@@ -46,9 +47,12 @@ def gguf_tokenizer(path: str | Path) -> tuple[Tokenizer, int]:
 
 
 def tokenize_files(
-    tokenizer: Tokenizer, eos: int, files: list[Path], held_out: float
+    tokenizer: Tokenizer, eos: int, files: list[Path], held_out: float, separator: str = ""
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """`(train, held_out)` token ids of the files, each file's tail in the held-out part."""
+    """`(train, held_out)` token ids of the files, each file's tail in the held-out part.
+
+    A file is one document, or several split at each `separator` line (`%` in the `fortune`
+    format); every document ends with `eos`."""
     train: list[int] = []
     test: list[int] = []
     for file in files:
@@ -56,10 +60,11 @@ def tokenize_files(
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise DataError(f"text file {file} cannot be read as UTF-8 ({e})") from e
-        ids = tokenizer.encode(text).ids
+        docs = text.split(f"\n{separator}\n") if separator else [text]
+        ids = [t for enc in tokenizer.encode_batch(docs) for t in (*enc.ids, eos)]
         cut = len(ids) - round(held_out * len(ids))
-        train += [*ids[:cut], eos]
-        test += [*ids[cut:], eos]
+        train += ids[:cut]
+        test += ids[cut:]
     return np.asarray(train, np.int64), np.asarray(test, np.int64)
 
 
@@ -79,12 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     tok.add_argument("out", type=Path, help="folder for train.npy and held_out.npy")
     tok.add_argument("texts", type=Path, nargs="+")
     tok.add_argument("--held-out", type=float, default=0.1)
+    tok.add_argument("--separator", default="", help="a line that separates documents, e.g. %%")
     args = parser.parse_args(argv)
     try:
         if not 0.0 <= args.held_out < 1.0:
             raise DataError(f"--held-out is {args.held_out}, expected a fraction in [0, 1)")
         tokenizer, eos = gguf_tokenizer(args.model)
-        train, held_out = tokenize_files(tokenizer, eos, args.texts, args.held_out)
+        train, held_out = tokenize_files(tokenizer, eos, args.texts, args.held_out, args.separator)
     except (DataError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

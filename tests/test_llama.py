@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jaxtyping import Array, Float
 
-from pd.decompose import FROZEN, LayerSites, Sites, layer_sites, site_weights
+from pd.decompose import FROZEN, Draw, LayerSites, Sites, decomposed_hook, layer_sites, site_weights
 from pd.init import init_vu
 from pd.targets.base import Target
 from pd.targets.llama import KINDS, Llama, LlamaArch
@@ -253,3 +253,35 @@ def test_bf16_params_compute_in_bf16_and_return_fp32_logits(params: hk.Params) -
     ref = clean_logits(jax.tree.map(lambda w: w.astype(jnp.float32), p16), TOKENS)
     err = float(jnp.max(jnp.abs(logits - ref)))
     assert err < 0.05 * float(jnp.max(jnp.abs(ref)))
+
+
+def test_resume_from_the_clean_taps_equals_the_whole_forward_and_its_gradient() -> None:
+    """A masked pass resumed at the first decomposed layer (layer 1 of 3) from the clean pass's
+    residual stream gives the whole forward's logits and the same gradient on the components."""
+    arch3 = LlamaArch(vocab=50, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_mlp=48)
+    target = Llama(arch3, kind_C=(("q", 3), ("down", 3)), layers=(1, 2))
+    frozen = jax.jit(target.init)(jax.random.key(1))
+    frozen = jax.tree.map(lambda w: w * 9.0 if w.ndim > 1 else w, frozen)  # O(1) logits
+    table = target.table
+    comps = init_vu(jax.random.key(2), table)
+    ci = tuple(
+        jax.random.uniform(jax.random.key(3 + g), (len(grp.names), *TOKENS.shape, grp.C))
+        for g, grp in enumerate(table.groups)
+    )
+    taps, _ = jax.jit(target.taps)(frozen, TOKENS)
+
+    def logits(V: tuple[Array, ...], resumed: bool) -> Array:
+        sites = Sites(decomposed_hook(Draw(jax.random.key(4))), layer_sites(table, V, comps.U, ci))
+        if resumed:
+            return target.resume(frozen, TOKENS, taps, sites)
+        return target.forward(frozen, TOKENS, sites)
+
+    whole, resumed = (jax.jit(logits, static_argnums=1)(comps.V, r) for r in (False, True))
+    assert float(jnp.std(whole)) > 0.5
+    np.testing.assert_allclose(np.asarray(resumed), np.asarray(whole), rtol=1e-5, atol=1e-5)
+    grads = [
+        jax.jit(jax.grad(lambda V, r=r: jnp.sum(jnp.sin(logits(V, r)))))(comps.V)
+        for r in (False, True)
+    ]
+    for a, b in zip(*grads, strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)

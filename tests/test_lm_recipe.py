@@ -17,7 +17,7 @@ from jaxtyping import Array, Float
 import pd
 from pd.adversary import SourceAdam, Sources, ascend
 from pd.ci import squash
-from pd.decompose import FROZEN, make_mask
+from pd.decompose import make_mask
 from pd.init import key_tree
 from pd.losses import kl, recon_plan
 from pd.shard import ShardingError, make_mesh
@@ -119,8 +119,8 @@ def test_s12_adversarial_term_with_fixed_sources_is_hand_computed() -> None:
     )
     ci_lower = tuple(jnp.stack([ci[n] for n in g.names]) for g in table.groups)
     sources = tuple(jnp.stack([src[n] for n in g.names]) for g in table.c_groups)
-    clean = toy.forward(frozen, jnp.asarray(x), FROZEN)
-    inp = PassInputs(frozen, jnp.asarray(x), comps, ci_lower, clean)
+    taps, clean = toy.taps(frozen, jnp.asarray(x))
+    inp = PassInputs(frozen, jnp.asarray(x), comps, ci_lower, clean, taps)
     got = float(adversarial_recon(recipe, inp, sources))
 
     def site(n: str, h: np.ndarray, W: np.ndarray) -> np.ndarray:
@@ -164,14 +164,15 @@ def test_s13_s14_warmup_ascents_then_the_final_ascent_on_pre_update_parameters(
     # gradient's size, which could not tell pre-update from post-update parameters apart.
     state, _ = step(_copy(state), frozen, x, run_key)
     comps = state.components
-    ci, clean = recipe.ci(state.ci_params, comps, frozen, x)
+    taps, clean = recipe.target.taps(frozen, x)
+    ci = recipe.ci_fn.ci(state.ci_params, taps, comps.V)
     lr = schedule_value(adv.lr, recipe.train.steps, 1)
 
     def ascents(
         comps: Components, ci_lower: tuple[Float[Array, "..."], ...]
     ) -> tuple[Sources, SourceAdam]:
         sources, opt = state.sources, state.source_opt
-        inp = PassInputs(frozen, x, comps, ci_lower, clean)
+        inp = PassInputs(frozen, x, comps, ci_lower, clean, taps)
         for _ in range(n_warmup + 1):  # the warmups and the final ascent, one Adam state
             g = jax.grad(lambda s: adversarial_recon(recipe, inp, s))(sources)
             sources, opt = ascend(sources, opt, g, lr, adv.beta1, adv.beta2, adv.eps)

@@ -1,6 +1,7 @@
 """Real text into token files: the tokenizer of the SmolLM2 GGUF, built from its metadata, and
 `python -m pd.text tokenize`."""
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 from test_smollm2 import smollm2_file
 
 from pd.data import load_tokens
-from pd.text import gguf_tokenizer, main
+from pd.text import gguf_tokenizer, main, tokenize_files
 
 
 def test_the_gguf_tokenizer_splits_words_as_the_models_vocabulary_does() -> None:
@@ -31,7 +32,19 @@ def test_tokenize_writes_train_and_held_out_token_files(tmp_path: Path) -> None:
     train.check_vocab(49152)
     n_train, n_held = train.n_tokens, held_out.n_tokens
     assert abs(n_held / (n_train + n_held) - 0.2) < 0.05
-    assert int(np.sum(np.asarray(train.tokens) == 2)) == 2  # one end-of-sequence per document
+    n_eos = sum(int(np.sum(np.asarray(t.tokens) == 2)) for t in (train, held_out))
+    assert n_eos == 2  # one end-of-sequence per document
+
+
+def test_a_separator_line_splits_a_file_into_documents(tmp_path: Path) -> None:
+    tokenizer, eos = gguf_tokenizer(smollm2_file())
+    text = tmp_path / "fortunes"
+    text.write_text("A penny saved.\n%\nLook before you leap.\n%\n100% sure.\n")
+    train, held_out = tokenize_files(tokenizer, eos, [text], 0.0, separator="%")
+    assert held_out.tolist() == [] and train[-1] == eos
+    ends = [-1, *np.flatnonzero(train == eos).tolist()]
+    docs = [tokenizer.decode(train[a + 1 : b].tolist()) for a, b in itertools.pairwise(ends)]
+    assert docs == ["A penny saved.", "Look before you leap.", "100% sure.\n"]
 
 
 def test_unreadable_text_is_one_sentence(

@@ -39,6 +39,11 @@ class TargetBase:
         output, taps = self.apply(params, x, FROZEN)
         return taps, output
 
+    def resume(self, params: hk.Params, x: Batch, taps: Taps, sites: Sites) -> Output:
+        """`forward`; a target may start it from the clean pass's `taps` instead (Target)."""
+        del taps
+        return self.forward(params, x, sites)
+
 
 @runtime_checkable
 class Target(Protocol):
@@ -61,6 +66,12 @@ class Target(Protocol):
 
     def taps(self, params: hk.Params, x: Batch) -> tuple[Taps, Output]:
         """S4: the clean-path activations a CI function may read, and the clean output."""
+        ...
+
+    def resume(self, params: hk.Params, x: Batch, taps: Taps, sites: Sites) -> Output:
+        """`forward(params, x, sites)`, given the clean pass's `taps` of `x`: a target may start
+        from them at its first layer with a decomposed site, skipping the frozen layers before
+        it (equal up to float rounding)."""
         ...
 
 

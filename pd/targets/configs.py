@@ -95,11 +95,19 @@ class LlamaConfig(TrainsInProcess):
     """A Llama-style language model: loaded from a local Hugging Face directory or a `.gguf`
     file (`checkpoint`), or, when that is empty, built from the sizes below and trained
     in-process on `tokens` (a `.npy` / `.bin` token file) or, when that is empty too, on the
-    built-in synthetic corpus."""
+    built-in synthetic corpus.
+
+    With `text` (a UTF-8 file, read with a `.gguf` checkpoint's own tokenizer), the batches are
+    windows of the text's first `1 - held_out` and the evaluation reads its last `held_out`.
+    Paths may name a file of an installed package: `package:NAME/PATH` (`pd.data.local_file`).
+    """
 
     kind: Literal["llama"] = "llama"
     checkpoint: str = ""
     tokens: str = ""
+    text: str = ""
+    text_separator: str = ""  # a line between documents of `text` ("%" in fortune files)
+    held_out: float = 0.1
     seq_len: int = 32
     vocab: int = 64
     d_model: int = 64

@@ -182,11 +182,28 @@ class Llama(TargetBase):
         out: tuple[Float[Array, "B T vocab"], Taps] = self._net.apply(params, tokens, sites)
         return out
 
+    def resume(
+        self, params: hk.Params, tokens: Int[Array, "B T"], taps: Taps, sites: Sites
+    ) -> Float[Array, "B T vocab"]:
+        """`forward`, starting from the clean residual stream entering the first decomposed
+        layer (`taps["resid"]`): the layers before it are frozen in every masked pass, so the
+        clean pass has computed them already, and no gradient flows through them."""
+        start = min(self.layers)
+        out: tuple[Float[Array, "B T vocab"], Taps] = self._net.apply(
+            params, tokens, sites, start, taps["resid"][start]
+        )
+        return out[0]
+
     def _forward(
-        self, tokens: Int[Array, "B T"], sites: Sites
+        self,
+        tokens: Int[Array, "B T"],
+        sites: Sites,
+        start: int = 0,
+        resid: Float[Array, "B T d"] | None = None,
     ) -> tuple[Float[Array, "B T vocab"], Taps]:
-        """The logits (fp32) and the taps: the residual stream entering every layer and the
-        final norm, and every decomposed kind's input per layer."""
+        """The logits (fp32) and the taps: the residual stream entering every layer from
+        `start` and the final norm, and every decomposed kind's input per layer. From a layer
+        `start > 0`, `resid` is the residual stream entering it."""
         a = self.arch
         B, T = tokens.shape
         hd, q_heads, kv_heads = a.head_dim, a.n_heads, a.n_kv_heads
@@ -200,7 +217,7 @@ class Llama(TargetBase):
             W_head = embed.T
         else:
             W_head = hk.get_parameter("head", (a.d_model, a.vocab), init=normal)
-        h = embed[tokens]
+        h = embed[tokens] if resid is None else resid
         cos, sin = rope_tables(T, hd, a.rope_base, h.dtype)
         # Built on device from iotas, not a [T, T] constant baked into the program.
         causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]
@@ -228,7 +245,8 @@ class Llama(TargetBase):
             taps = {input_tap(kind): inputs[kind] for kind in recorded}
             return h_mid + proj("down", x_down), {"resid": h, **taps}
 
-        h, taps = loops.scan(checkpointed(layer, self.remat), h, (stacked, sites.layers))
+        xs = jax.tree.map(lambda a: a[start:], (stacked, sites.layers))  # a static slice
+        h, taps = loops.scan(checkpointed(layer, self.remat), h, xs)
         taps["resid"] = jnp.concatenate([taps["resid"], h[None]])
         h = rms_norm(h, final_norm, a.rms_eps)
         logits = jnp.matmul(h, W_head, preferred_element_type=jnp.float32)

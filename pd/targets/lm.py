@@ -5,19 +5,23 @@ import dataclasses
 import logging
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Key
 
-from pd.data import TokenSource, load_tokens, synthetic_corpus
+from pd.data import DataError, TokenSource, load_tokens, local_file, synthetic_corpus
 from pd.decompose import FROZEN
 from pd.targets.base import Target
 from pd.targets.configs import LLAMA_KINDS, KindC, LlamaConfig
 from pd.targets.gguf import is_gguf, load_gguf, read_gguf_arch
 from pd.targets.hf import CONFIG, load_hf, read_config
 from pd.targets.llama import Llama, LlamaArch
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 from pd.targets.train import (
     TrainedTarget,
     _cache_key,
@@ -37,12 +41,16 @@ CORPUS_SEED = 0
 ENTROPY_SLACK = 0.1
 
 
+def checkpoint_path(cfg: LlamaConfig) -> Path:
+    return local_file(cfg.checkpoint, "target.checkpoint")
+
+
 def llama_arch(cfg: LlamaConfig) -> LlamaArch:
     """The checkpoint's architecture, or the configured sizes for an in-process model."""
     if is_gguf(cfg.checkpoint):
-        return read_gguf_arch(cfg.checkpoint)
+        return read_gguf_arch(checkpoint_path(cfg))
     if cfg.checkpoint:
-        return read_config(Path(cfg.checkpoint) / CONFIG)
+        return read_config(checkpoint_path(cfg) / CONFIG)
     return LlamaArch(
         cfg.vocab,
         cfg.d_model,
@@ -74,15 +82,49 @@ def _corpus(vocab: int, n_tokens: int) -> tuple[TokenSource, float]:
     return synthetic_corpus(CORPUS_SEED, vocab, n_tokens)
 
 
+@cache
+def _tokenizer(cfg: LlamaConfig) -> tuple["Tokenizer", int]:
+    from pd.text import gguf_tokenizer
+
+    return gguf_tokenizer(checkpoint_path(cfg))
+
+
+@cache  # tokenized once per config (seconds for a few MB)
+def text_sources(cfg: LlamaConfig) -> tuple[TokenSource, TokenSource]:
+    """`(train, held-out)` tokens of the config's text, read with the checkpoint's tokenizer."""
+    if not is_gguf(cfg.checkpoint):
+        raise DataError(
+            f"config key 'target.text' is {cfg.text!r}, which needs a .gguf checkpoint (its "
+            f"tokenizer), but 'target.checkpoint' is {cfg.checkpoint!r}"
+        )
+    from pd.text import tokenize_files  # the tokenizer library only for text
+
+    tokenizer, eos = _tokenizer(cfg)
+    files = [local_file(cfg.text, "target.text")]
+    train, held_out = tokenize_files(tokenizer, eos, files, cfg.held_out, cfg.text_separator)
+    return TokenSource(train, f"{cfg.text} (train)"), TokenSource(
+        held_out, f"{cfg.text} (held out)"
+    )
+
+
 @cache  # the vocab check is one pass over the file: once per config
-def token_source(cfg: LlamaConfig) -> TokenSource:
-    """The token file of the config, or the built-in synthetic corpus; ids checked against vocab."""
-    if cfg.tokens:
-        source = load_tokens(cfg.tokens)
+def token_source(cfg: LlamaConfig, held_out: bool = False) -> TokenSource:
+    """The tokens of the config: its text (the held-out part with `held_out`), its token file,
+    or the built-in synthetic corpus; ids checked against the vocab."""
+    if cfg.text:
+        source = text_sources(cfg)[held_out]
+    elif cfg.tokens:
+        source = load_tokens(local_file(cfg.tokens, "target.tokens"))
     else:
         source, _ = _corpus(cfg.vocab, cfg.corpus_tokens)
     source.check_vocab(llama_arch(cfg).vocab)
     return source
+
+
+def token_labels(cfg: LlamaConfig, ids: list[int]) -> list[str]:
+    """The text of each token of a `text` config, for figures."""
+    tokenizer, _ = _tokenizer(cfg)
+    return [tokenizer.decode([i]) for i in ids]
 
 
 def next_token_loss(
@@ -125,7 +167,7 @@ def load_llama(cfg: LlamaConfig, target: Target) -> TrainedTarget:
     assert isinstance(target, Llama)
     if cfg.checkpoint:
         load = load_gguf if is_gguf(cfg.checkpoint) else load_hf
-        _, params = load(cfg.checkpoint)
+        _, params = load(checkpoint_path(cfg))
         return TrainedTarget(params, 0, float("nan"), from_cache=True)
     # Which sites are decomposed (and how the step checkpoints) does not change the model: leave
     # them out of the cache key.

@@ -149,7 +149,7 @@ class RunConfig:
 # Integers that may be zero; every other integer must be positive.
 _NON_NEGATIVE_INTS = {"seed", "n_identity", "faith_warmup_steps", "n_warmup", "process_id"}
 # Floats that must lie in [0, 1].
-_FRACTIONS = {"feature_prob", "warmup_pct", "final_frac"}
+_FRACTIONS = {"feature_prob", "warmup_pct", "final_frac", "held_out"}
 
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 

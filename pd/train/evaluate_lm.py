@@ -37,8 +37,9 @@ def make_lm_eval_step(recipe: Recipe) -> LMEvalFn:
         state: TrainState, frozen: hk.Params, tokens: Tokens, key: Key[Array, ""]
     ) -> tuple[Metrics, tuple[Float[Array, "_n _C"], ...]]:
         comps = state.components
-        ci, clean = recipe.ci(state.ci_params, comps, frozen, tokens)
-        inp = PassInputs(frozen, tokens, comps, ci.lower, clean)
+        taps, clean = recipe.target.taps(frozen, tokens)
+        ci = recipe.ci_fn.ci(state.ci_params, taps, comps.V)
+        inp = PassInputs(frozen, tokens, comps, ci.lower, clean, taps)
         no_ci = inp._replace(ci_lower=tuple(jnp.zeros_like(lower) for lower in ci.lower))
         outputs: dict[str, Output] = {
             "ci_masked": recipe.all_live_output(inp, Constant(0.0)),

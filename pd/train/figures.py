@@ -1,6 +1,7 @@
 """PNG figures of a run: CI on the one-hot probes, subcomponents, loss curves."""
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import haiku as hk
@@ -17,6 +18,8 @@ from pd.state import Components, TrainState
 from pd.targets.base import Batch, as_toy
 from pd.train.evaluate import ALIVE_THRESHOLD, probe_ci
 from pd.train.step import Recipe
+
+Labels = Callable[[list[int]], list[str]]  # token ids → their text
 
 
 def _ci_probes(
@@ -86,23 +89,38 @@ def _losses(run_dir: Path, path: Path) -> None:
 
 
 def _ci_over_sequence(
-    recipe: Recipe, state: TrainState, frozen: hk.Params, tokens: Batch, path: Path
+    recipe: Recipe,
+    state: TrainState,
+    frozen: hk.Params,
+    tokens: Batch,
+    path: Path,
+    labels: Labels | None,
 ) -> None:
-    """Per-site CI of the first sequence of a batch: positions down, used subcomponents across."""
+    """Per-site CI of the first sequence of a batch: positions (the tokens, with `labels`) down,
+    used subcomponents across, labelled with their index c in the site's `V[:, c]`."""
     ci, _ = jax.jit(recipe.ci)(state.ci_params, state.components, frozen, tokens[:1])
     views = {n: np.asarray(v)[0] for n, v in recipe.table.views(ci.lower).items()}  # [T, C]
+    words = (
+        None if labels is None else [repr(w)[1:-1] for w in labels(np.asarray(tokens[0]).tolist())]
+    )
     n = len(views)
-    cols = min(n, 7)
+    cols = min(n, 7 if words is None else 4)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.6 * rows), squeeze=False)
+    size = (2.6, 2.6) if words is None else (4.2, 0.5 + 0.16 * len(words))
+    fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows), squeeze=False)
     for ax in axes.flat[n:]:
         ax.axis("off")
     for ax, (name, ci_site) in zip(axes.flat, views.items(), strict=False):
         used = np.flatnonzero(ci_site.max(axis=0) > ALIVE_THRESHOLD)
         ax.imshow(ci_site[:, used], vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_title(f"{name}\n{len(used)} of {ci_site.shape[1]} used", fontsize=7)
-        ax.set_xlabel("subcomponent", fontsize=7)
-        ax.set_ylabel("position", fontsize=7)
+        ax.set_xlabel("subcomponent c", fontsize=7)
+        if len(used) <= 40:
+            ax.set_xticks(range(len(used)), [str(c) for c in used], fontsize=5, rotation=90)
+        if words is None:
+            ax.set_ylabel("position", fontsize=7)
+        else:
+            ax.set_yticks(range(len(words)), words, fontsize=6)
     fig.suptitle("causal importance over one sequence")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -110,12 +128,17 @@ def _ci_over_sequence(
 
 
 def write_figures(
-    recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batch, run_dir: Path
+    recipe: Recipe,
+    state: TrainState,
+    frozen: hk.Params,
+    x: Batch,
+    run_dir: Path,
+    labels: Labels | None = None,
 ) -> None:
     """Toys: `ci_probes.png` and `components.png`; language models: `ci_sequence.png` (CI over
-    the first sequence of `x`); both: `losses.png`."""
+    the first sequence of `x`, its tokens' text from `labels`); both: `losses.png`."""
     if recipe.target.divergence == "kl":
-        _ci_over_sequence(recipe, state, frozen, x, run_dir / "ci_sequence.png")
+        _ci_over_sequence(recipe, state, frozen, x, run_dir / "ci_sequence.png", labels)
     else:
         _ci_probes(recipe, state.ci_params, state.components, frozen, run_dir / "ci_probes.png")
         _components(recipe, state.components, frozen, run_dir / "components.png")

@@ -14,7 +14,7 @@ from jaxtyping import Array, Key
 from pd.shard import global_batch
 from pd.targets.base import Batch, Target, ToyTarget, as_toy
 from pd.targets.configs import LlamaConfig, TargetConfig
-from pd.targets.lm import build_llama, load_llama, token_source
+from pd.targets.lm import build_llama, load_llama, token_labels, token_source
 from pd.targets.train import TrainedTarget, load_or_train
 from pd.train.evaluate import Evaluate, evaluate_toy
 from pd.train.evaluate_lm import evaluate_lm
@@ -35,7 +35,9 @@ class TargetKind:
     check_inputs: Callable[[], object]  # opens what the run reads, before any compile
     load_frozen: Callable[[Target], TrainedTarget]
     batches: MakeBatches
+    eval_batches: MakeBatches  # held-out data where the target has it, else `batches`
     evaluate: Evaluate
+    labels: Callable[[list[int]], list[str]] | None = None  # token ids → text, for figures
 
 
 def _toy_batches(seed: int, batch: int, target: Target, run_key: Key[Array, ""]) -> HostBatches:
@@ -46,12 +48,22 @@ def _toy_batches(seed: int, batch: int, target: Target, run_key: Key[Array, ""])
 
 
 def _lm_batches(
-    cfg: LlamaConfig, seed: int, batch: int, target: Target, run_key: Key[Array, ""]
+    cfg: LlamaConfig,
+    held_out: bool,
+    seed: int,
+    batch: int,
+    target: Target,
+    run_key: Key[Array, ""],
 ) -> HostBatches:
-    """Windows of the token file drawn host-side by a Philox generator keyed `(seed, step)`."""
+    """Windows of the tokens drawn host-side by a Philox generator keyed `(seed, step)`."""
     del target, run_key
-    tokens = token_source(cfg)
+    tokens = token_source(cfg, held_out)
     return lambda step: tokens.batch(seed, step, batch, cfg.seq_len)
+
+
+def _check_lm_inputs(cfg: LlamaConfig) -> None:
+    for held_out in (False, True):  # each part must hold a window
+        token_source(cfg, held_out).batch(0, 0, 1, cfg.seq_len)
 
 
 def _load_toy(cfg: TargetConfig, target: Target) -> TrainedTarget:
@@ -65,10 +77,12 @@ def kind_of(cfg: TargetConfig) -> TargetKind:
         return TargetKind(
             build=partial(build_llama, cfg),
             seq_len=cfg.seq_len,
-            check_inputs=partial(token_source, cfg),
+            check_inputs=partial(_check_lm_inputs, cfg),
             load_frozen=partial(load_llama, cfg),
-            batches=partial(_lm_batches, cfg),
+            batches=partial(_lm_batches, cfg, False),
+            eval_batches=partial(_lm_batches, cfg, bool(cfg.text)),
             evaluate=evaluate_lm,
+            labels=partial(token_labels, cfg) if cfg.text else None,
         )
     return TargetKind(
         build=cfg.build,
@@ -76,6 +90,7 @@ def kind_of(cfg: TargetConfig) -> TargetKind:
         check_inputs=lambda: None,
         load_frozen=partial(_load_toy, cfg),
         batches=_toy_batches,
+        eval_batches=_toy_batches,
         evaluate=lambda recipe, state, frozen, _, run_key, cfg: evaluate_toy(
             recipe, state, frozen, run_key, cfg
         ),

@@ -101,12 +101,18 @@ def make_mesh_of(config: RunConfig) -> Mesh | None:
 
 
 def make_batches(
-    config: RunConfig, recipe: Recipe, run_key: jax.Array, mesh: Mesh | None
+    config: RunConfig,
+    recipe: Recipe,
+    run_key: jax.Array,
+    mesh: Mesh | None,
+    evaluation: bool = False,
 ) -> Batches:
-    """The global batch of a step, a pure function of `(seed, step)` (S18), placed on the mesh."""
+    """The global batch of a step, a pure function of `(seed, step)` (S18), placed on the mesh;
+    with `evaluation`, of `eval.batch` examples from the held-out data where the target has it."""
     kind = kind_of(config.target)
-    batch = kind.batches(config.seed, config.train.batch, recipe.target, run_key)
-    return placed(batch, mesh)
+    make = kind.eval_batches if evaluation else kind.batches
+    size = config.eval.batch if evaluation else config.train.batch
+    return placed(make(config.seed, size, recipe.target, run_key), mesh)
 
 
 def _train(
@@ -196,7 +202,8 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
             batches = make_batches(config, recipe, run_key, mesh)
             state = _train(recipe, state, frozen, batches, run_key, tmp_dir, shardings)
             checkpoint.save(tmp_dir / "decomposition.npz", (state.components, state.ci_params))
-            summary = kind.evaluate(recipe, state, frozen, batches, run_key, config.eval)
+            eval_batches = make_batches(config, recipe, run_key, mesh, evaluation=True)
+            summary = kind.evaluate(recipe, state, frozen, eval_batches, run_key, config.eval)
             summary["target/attempt"] = float(trained.attempt)
             if math.isfinite(trained.loss):  # a loaded checkpoint has no training loss
                 summary["target/loss"] = trained.loss
@@ -207,7 +214,8 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
             if config.eval.figures:
                 from pd.train.figures import write_figures  # matplotlib only when drawing
 
-                write_figures(recipe, state, frozen, batches(EVAL_FOLD), tmp_dir)
+                x = eval_batches(EVAL_FOLD)
+                write_figures(recipe, state, frozen, x, tmp_dir, kind.labels)
     return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe)
 
 

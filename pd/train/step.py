@@ -40,7 +40,7 @@ from pd.losses import (
 )
 from pd.sites import SiteTable
 from pd.state import Components, TrainState
-from pd.targets.base import Batch, Output, Target, ToyTarget
+from pd.targets.base import Batch, Output, Taps, Target, ToyTarget
 from pd.train.config import LossConfig, ReconTerm, TrainConfig
 from pd.train.optim import ci_optimizer, component_optimizer
 from pd.train.schedule import schedule_value
@@ -53,13 +53,15 @@ CI_ACTIVE = 0.1  # CI-L0 counts subcomponents with ci_lower above this (SPEC §1
 
 class PassInputs(NamedTuple):
     """What every masked forward on one batch reads: the frozen target, the batch, the
-    components, the CI (masks only) and the clean output it is compared with."""
+    components, the CI (masks only), the clean output it is compared with and the clean taps
+    (a target resumes from them after its frozen leading layers)."""
 
     frozen: hk.Params
     x: Batch
     comps: Components
     ci_lower: CILower
     clean: Output
+    taps: Taps
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,10 @@ class Recipe:
         taps, clean = self.target.taps(frozen, x)
         return self.ci_fn.ci(ci_params, taps, comps.V), clean
 
+    def forward(self, inp: PassInputs, sites: Sites) -> Output:
+        """The target's output with `sites`, resumed from the clean taps."""
+        return self.target.resume(inp.frozen, inp.x, inp.taps, sites)
+
     def divergence(self, masked: Output, clean: Output) -> Float[Array, ""]:
         """D(masked, clean): MSE for toys, KL(clean ‖ masked) for language models (SPEC §5)."""
         return kl(masked, clean) if self.target.divergence == "kl" else mse(masked, clean)
@@ -96,7 +102,7 @@ class Recipe:
     ) -> Output:
         """The output with every site live and routed everywhere, S1 masks from `mode`."""
         sites = layer_sites(self.table, inp.comps.V, inp.comps.U, inp.ci_lower, sources)
-        return self.target.forward(inp.frozen, inp.x, Sites(decomposed_hook(mode), sites))
+        return self.forward(inp, Sites(decomposed_hook(mode), sites))
 
 
 def stochastic_recon(
@@ -127,7 +133,7 @@ def stochastic_recon(
             for kind, s in base.items()
         }
         hook = decomposed_hook(Draw(src_key), routes)
-        out = recipe.target.forward(inp.frozen, inp.x, Sites(hook, sites))
+        out = recipe.forward(inp, Sites(hook, sites))
         return recipe.divergence(out, inp.clean)
 
     return jnp.mean(loops.map_rows(forward, (entry_of, draw_of)))
@@ -166,14 +172,14 @@ def losses(
     comps: Components,
     ci: CI,
     sources: Sources,
-    inputs: tuple[hk.Params, Batch, Output],
+    inputs: tuple[hk.Params, Batch, Output, Taps],
     step_key: Key[Array, ""],
     step: Int[Array, ""],
 ) -> tuple[Float[Array, ""], Metrics]:
     """The total loss given this step's CI, and every term under its own name."""
     cfg = recipe.loss
-    frozen, x, clean = inputs
-    inp = PassInputs(frozen, x, comps, ci.lower, clean)
+    frozen, x, clean, taps = inputs
+    inp = PassInputs(frozen, x, comps, ci.lower, clean, taps)
     faith = faithfulness(recipe.table, recipe.target.weights(frozen), comps.V, comps.U)
     p = schedule_value(cfg.p, recipe.train.steps, step)
     lp, freq = importance_terms(ci.upper, p, cfg.eps, cfg.reference_token_count)
@@ -201,10 +207,11 @@ def evaluate_batch(
     """The losses and monitors of `state` on a batch, and the CI they used (no gradient)."""
     comps = state.components
     with loops.unroll(recipe.train.unroll):  # at trace time
-        ci, clean = recipe.ci(state.ci_params, comps, frozen, x)
-        inputs = (frozen, x, clean)
+        taps, clean = recipe.target.taps(frozen, x)
+        ci = recipe.ci_fn.ci(state.ci_params, taps, comps.V)
+        inputs = (frozen, x, clean, taps)
         _, metrics = losses(recipe, comps, ci, state.sources, inputs, step_key, state.step)
-        inp = PassInputs(frozen, x, comps, ci.lower, clean)
+        inp = PassInputs(frozen, x, comps, ci.lower, clean, taps)
         metrics["monitor/ci_masked_recon"] = monitor(recipe, inp, 0.0)
         metrics["monitor/unmasked_recon"] = monitor(recipe, inp, 1.0)
     return metrics, ci
@@ -234,17 +241,15 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
         step_key = jax.random.fold_in(run_key, state.step)
         comps = state.components
 
-        def ci_of(ci_params: GroupParams, comps: Components) -> tuple[CI, Output]:
-            return recipe.ci(ci_params, comps, frozen, x)
-
-        # The CI function runs once per step; its vjp carries the loss gradients back to it.
-        (ci, clean), ci_vjp = jax.vjp(ci_of, state.ci_params, comps)
-        clean = jax.lax.stop_gradient(clean)  # S3
+        # The clean pass (S3: no gradient reaches it) and the CI function run once per step;
+        # the CI function's vjp carries the loss gradients back to it.
+        taps, clean = jax.lax.stop_gradient(recipe.target.taps(frozen, x))
+        ci, ci_vjp = jax.vjp(lambda p, c: recipe.ci_fn.ci(p, taps, c.V), state.ci_params, comps)
         sources, source_opt = state.sources, state.source_opt
         if adv.coeff > 0:
             source_lr = schedule_value(adv.lr, recipe.train.steps, state.step)  # once per step
             fixed_comps, fixed_lower = jax.lax.stop_gradient((comps, ci.lower))
-            fixed = PassInputs(frozen, x, fixed_comps, fixed_lower, clean)
+            fixed = PassInputs(frozen, x, fixed_comps, fixed_lower, clean, taps)
 
             def warmup_ascent(carry: tuple[Sources, SourceAdam]) -> tuple[Sources, SourceAdam]:
                 # S13: ascents on detached components and CI.
@@ -254,12 +259,12 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
 
             sources, source_opt = loops.repeat(adv.n_warmup, warmup_ascent, (sources, source_opt))
         grad_fn = jax.value_and_grad(
-            lambda c, i, s: losses(recipe, c, i, s, (frozen, x, clean), step_key, state.step),
+            lambda c, i, s: losses(recipe, c, i, s, (frozen, x, clean, taps), step_key, state.step),
             argnums=(0, 1, 2),
             has_aux=True,
         )
         (_, metrics), (g_comps, g_ci, g_sources) = grad_fn(comps, ci, sources)
-        g_ci_params, g_comps_via_ci = ci_vjp((g_ci, jnp.zeros_like(clean)))
+        g_ci_params, g_comps_via_ci = ci_vjp(g_ci)
         g_comps = jax.tree.map(jnp.add, g_comps, g_comps_via_ci)
         if adv.coeff > 0:
             # S14: the final ascent uses this backward's source gradient, without the coefficient.
