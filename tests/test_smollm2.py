@@ -15,10 +15,10 @@ import pytest
 
 from pd.data import local_file
 from pd.decompose import FROZEN
-from pd.targets.gguf import SMOLLM2, load_gguf
 from pd.targets.configs import LlamaConfig
-from pd.targets.lm import next_token_loss, token_source
+from pd.targets.gguf import SMOLLM2, load_gguf
 from pd.targets.llama import Llama, LlamaArch
+from pd.targets.lm import next_token_loss, token_source
 from pd.train import load_config
 
 SENTENCE = (
