@@ -110,4 +110,4 @@ def test_held_out_cross_entropy_on_the_fortune_text_is_a_working_models(
     windows = jnp.asarray(held_out.batch(0, 0, 32, 65))
     model = Llama(arch, kind_C=(("q", 2),), layers=(0,))
     ce = float(jax.jit(lambda p, w: next_token_loss(model, p, w))(params, windows))
-    assert ce < 5.3, ce  # measured 4.88 (6.0 with the q/k rows left in llama.cpp's order)
+    assert ce < 5.3, ce  # measured 4.85 (6.0 with the q/k rows left in llama.cpp's order)

@@ -16,7 +16,8 @@ from pd.targets.base import as_toy
 from pd.train import load_config
 from pd.train.optim import ci_optimizer, clip_global_norm, component_optimizer
 from pd.train.run import make_recipe
-from pd.train.step import faith_warmup
+from pd.train.init_state import init_train_state
+from pd.train.step import evaluate_batch, faith_warmup
 
 
 def test_s19_clip_uses_the_plus_1e6_epsilon() -> None:
@@ -102,3 +103,23 @@ def test_ci_kinds_shapes_and_init_scales(kind: str) -> None:
         name = jax.tree_util.keystr(leaf_path)
         if "'b" in name:
             assert float(jnp.abs(leaf).max()) == 0.0, name  # zero biases
+
+
+def test_the_ci_masked_monitor_is_a_loss_term_when_configured() -> None:
+    """SPEC §5: monitors are never trained unless configured; `loss.ci_masked = c` adds
+    `c · D(CI-masked, clean)` (source 0, no delta) to the total, under `loss/ci_masked`."""
+    base = load_config("tms_5-2", ["train.faith_warmup_steps=0"])
+    on = load_config("tms_5-2", ["train.faith_warmup_steps=0", "loss.ci_masked=2.5"])
+    recipe, trained = make_recipe(base), make_recipe(on)
+    toy = as_toy(recipe.target)
+    frozen = toy.expand(toy.init_train(jax.random.key(0)))
+    init_key, src_key, run_key = key_tree(0)
+    state = init_train_state(recipe, init_key, src_key)
+    x = toy.sample(jax.random.key(5), 64)
+    without, _ = evaluate_batch(recipe, state, frozen, x, run_key)
+    with_term, _ = evaluate_batch(trained, state, frozen, x, run_key)
+    assert "loss/ci_masked" not in without
+    term = float(with_term["loss/ci_masked"])
+    assert term == pytest.approx(float(without["monitor/ci_masked_recon"]), rel=1e-6) and term > 0
+    total = float(without["loss/total"]) + 2.5 * term
+    assert float(with_term["loss/total"]) == pytest.approx(total, rel=1e-5)

@@ -66,6 +66,7 @@ class LossConfig:
     recon: tuple[ReconTerm, ...] = (ReconTerm("all"), ReconTerm("per_site"))
     n_mask_samples: int = 1
     adversary: AdversaryConfig = AdversaryConfig()
+    ci_masked: float = 0.0  # trains the CI-masked monitor (SPEC §5) with this coefficient
 
 
 @dataclass(frozen=True)

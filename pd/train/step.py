@@ -192,6 +192,10 @@ def losses(
         value = stochastic_recon(recipe, inp, jax.random.fold_in(step_key, 1 + t), term)
         total = total + term.coeff * value
         metrics[f"loss/{term.name}"] = value
+    if cfg.ci_masked > 0:
+        value = monitor(recipe, inp, 0.0)
+        total = total + cfg.ci_masked * value
+        metrics["loss/ci_masked"] = value
     if cfg.adversary.coeff > 0:
         value = adversarial_recon(recipe, inp, sources)
         total = total + cfg.adversary.coeff * value
