@@ -14,9 +14,9 @@ from pd.losses import faithfulness
 from pd.state import Components
 from pd.targets.base import as_toy
 from pd.train import load_config
+from pd.train.init_state import init_train_state
 from pd.train.optim import ci_optimizer, clip_global_norm, component_optimizer
 from pd.train.run import make_recipe
-from pd.train.init_state import init_train_state
 from pd.train.step import evaluate_batch, faith_warmup
 
 
