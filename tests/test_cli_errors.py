@@ -1,7 +1,9 @@
 """Bad input stops with exit status 2 and one sentence, before any compile, writing nothing."""
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gguf
@@ -232,3 +234,31 @@ def test_bad_gguf_files_and_packages_of_the_smollm2_preset_stop_before_any_compi
         argv = ["smollm2", "--set", override, "--set", "target.layers=[1]"]
         _fails(argv, capsys, tmp_path / "run", *needles)
         assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_during_training_exits_with_its_status_and_keeps_the_old_run(
+    tmp_path: Path, sig: signal.Signals, status: int
+) -> None:
+    """SIGTERM (a scheduler) or SIGINT (Ctrl-C) in the middle of training: one sentence, exit
+    status 143 / 130, the temporary run folder removed and the earlier run left as it was."""
+    old = tmp_path / "run"
+    old.mkdir()
+    (old / MARKER).write_text("")
+    (old / "summary.json").write_text('{"kept": 1}')
+    tiny = ["train.steps=100000", "train.batch=64", "train.log_every=5"]
+    tiny += ["train.faith_warmup_steps=0", "target.train_steps=1500", "target.train_batch=1024"]
+    sets = [a for t in tiny for a in ("--set", t)]
+    argv = [sys.executable, "-m", "pd.train", "tms_5-2", *sets, "--out", str(old), "--overwrite"]
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
+        deadline = time.monotonic() + 300
+        while not list(tmp_path.glob(".run.tmp-*/metrics.jsonl")):  # training has started
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == status, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: stopped by ") and "no run folder was written" in last, last
+    assert (old / "summary.json").read_text() == '{"kept": 1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

@@ -2,9 +2,11 @@
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import jax
 
@@ -12,6 +14,14 @@ from pd.log import setup_logging
 from pd.train.config import ConfigError, RunConfig, load_config, preset_names
 from pd.train.run import Diverged, run, summary_table
 from pd.train.rundir import check_destination
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the run is, so that it unwinds as Ctrl-C does."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     setup_logging()
+    # SIGTERM (a scheduler's stop) unwinds like Ctrl-C, so the staged run folder is removed.
+    # Installed once the backend has started: starting it replaces an earlier handler.
+    jax.devices()
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         result = run(config, out, overwrite=args.overwrite)
     except ConfigError as err:  # found once the target or data is opened, before any compile
@@ -45,6 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     except Diverged as err:  # nothing was written; an earlier run in the folder is kept
         print(f"error: {err}", file=sys.stderr)
         return 3
+    except (KeyboardInterrupt, Terminated) as err:
+        how = "by SIGTERM" if isinstance(err, Terminated) else "by Ctrl-C"
+        print(
+            f"error: stopped {how}; no run folder was written ({out} is as it was)", file=sys.stderr
+        )
+        return 143 if isinstance(err, Terminated) else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(summary_table(result.summary))
     print(result.compile_times.table())
     print(f"run folder: {result.run_dir}")
@@ -69,4 +91,11 @@ def _compile_only(config: RunConfig) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status in (130, 143):
+        # A stopped run can leave XLA's threads inside the interrupted step, and the
+        # interpreter's teardown then crashes; everything the run keeps is already on disk.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
