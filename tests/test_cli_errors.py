@@ -262,3 +262,16 @@ def test_a_signal_during_training_exits_with_its_status_and_keeps_the_old_run(
     assert last.startswith("error: stopped by ") and "no run folder was written" in last, last
     assert (old / "summary.json").read_text() == '{"kept": 1}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_token_file_shorter_than_a_window_is_one_sentence(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    short = tmp_path / "short.npy"
+    np.save(short, np.arange(5, dtype=np.uint16))
+    argv = ["tiny_llama", "--set", f'target.tokens="{short}"']
+    _fails(argv, capsys, tmp_path / "run", "short.npy", "5 tokens")
+    empty = tmp_path / "empty.npy"
+    np.save(empty, np.zeros(0, dtype=np.uint16))
+    _fails(["tiny_llama", "--set", f'target.tokens="{empty}"'], capsys, tmp_path / "run", "empty")
+    assert not (tmp_path / "run").exists()
