@@ -11,13 +11,13 @@ class StderrHandler(logging.StreamHandler[TextIO]):
     """Writes to whatever `sys.stderr` is when a record arrives: test runners and notebooks swap
     the stream, and a handler holding a closed one would fail at exit."""
 
-    @property  # a read-through view of sys.stderr, not a stored stream
-    def stream(self) -> TextIO:
-        return sys.stderr
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
 
-    @stream.setter
-    def stream(self, value: object) -> None:
-        del value
+    def flush(self) -> None:
+        self.stream = sys.stderr
+        super().flush()
 
 
 def setup_logging(level: int = logging.INFO) -> None:

@@ -222,6 +222,7 @@ def test_bad_gguf_files_and_packages_of_the_smollm2_preset_stop_before_any_compi
         write()
     other.write_tensors_to_file()
     other.close()
+    capsys.readouterr()  # the gguf writer's log lines
     cases = [
         (f'target.checkpoint="{tmp_path / "absent.gguf"}"', "absent.gguf", "does not exist"),
         (f'target.checkpoint="{cut}"', "cut.gguf", "truncated"),

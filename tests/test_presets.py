@@ -10,6 +10,7 @@ def test_the_shipped_presets() -> None:
     assert preset_names() == [
         "llama8b_full",
         "resid_mlp1",
+        "smollm2",
         "tiny_llama",
         "tms_40-10",
         "tms_5-2",
