@@ -48,9 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging()
     # SIGTERM (a scheduler's stop) unwinds like Ctrl-C, so the staged run folder is removed.
-    # Installed once the backend has started: starting it replaces an earlier handler.
+    # Installed once the backend has started: starting it replaces an earlier handler. SIGINT
+    # raises KeyboardInterrupt even where the shell started pd with it ignored (a background
+    # job of a script), so that `kill -INT` stops a run too.
     jax.devices()
     previous = signal.signal(signal.SIGTERM, _terminate)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         result = run(config, out, overwrite=args.overwrite)
     except ConfigError as err:  # found once the target or data is opened, before any compile
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 143 if isinstance(err, Terminated) else 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     print(summary_table(result.summary))
     print(result.compile_times.table())
     print(f"run folder: {result.run_dir}")
