@@ -9,13 +9,14 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import jax
+import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
 from pd.ci import GroupParams
 from pd.decompose import site_weights
 from pd.state import Components, TrainState
-from pd.targets.base import Batch, as_toy
+from pd.targets.base import Batch, ToyTarget, as_toy
 from pd.train.evaluate import ALIVE_THRESHOLD, probe_ci
 from pd.train.step import Recipe
 
@@ -96,10 +97,14 @@ def _ci_over_sequence(
     path: Path,
     labels: Labels | None,
 ) -> None:
-    """Per-site CI of the first sequence of a batch: positions (the tokens, with `labels`) down,
-    used subcomponents across, labelled with their index c in the site's `V[:, c]`."""
-    ci, _ = jax.jit(recipe.ci)(state.ci_params, state.components, frozen, tokens[:1])
-    views = {n: np.asarray(v)[0] for n, v in recipe.table.views(ci.lower).items()}  # [T, C]
+    """Per-site CI of the first sequence of a token batch, or of the first 32 examples of any
+    other batch: positions (the tokens, with `labels`) or examples down, used subcomponents
+    across, labelled with their index c in the site's `V[:, c]`."""
+    shown = tokens[:1] if jnp.issubdtype(tokens.dtype, jnp.integer) else tokens[:32]
+    ci, _ = jax.jit(recipe.ci)(state.ci_params, state.components, frozen, shown)
+    views = {
+        n: np.asarray(v).reshape(-1, v.shape[-1]) for n, v in recipe.table.views(ci.lower).items()
+    }
     words = (
         None if labels is None else [repr(w)[1:-1] for w in labels(np.asarray(tokens[0]).tolist())]
     )
@@ -118,7 +123,7 @@ def _ci_over_sequence(
         if len(used) <= 40:
             ax.set_xticks(range(len(used)), [str(c) for c in used], fontsize=5, rotation=90)
         if words is None:
-            ax.set_ylabel("position", fontsize=7)
+            ax.set_ylabel("position" if shown.shape[0] == 1 else "example", fontsize=7)
         else:
             ax.set_yticks(range(len(words)), words, fontsize=6)
     fig.suptitle("causal importance over one sequence")
@@ -135,9 +140,10 @@ def write_figures(
     run_dir: Path,
     labels: Labels | None = None,
 ) -> None:
-    """Toys: `ci_probes.png` and `components.png`; language models: `ci_sequence.png` (CI over
-    the first sequence of `x`, its tokens' text from `labels`); both: `losses.png`."""
-    if recipe.target.divergence == "kl":
+    """Toys: `ci_probes.png` and `components.png`; other targets: `ci_sequence.png` (CI over
+    the first sequence of `x`, its tokens' text from `labels`, or over its first examples);
+    all: `losses.png`."""
+    if not isinstance(recipe.target, ToyTarget):
         _ci_over_sequence(recipe, state, frozen, x, run_dir / "ci_sequence.png", labels)
     else:
         _ci_probes(recipe, state.ci_params, state.components, frozen, run_dir / "ci_probes.png")

@@ -5,6 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +18,7 @@ from pd.targets.configs import LlamaConfig, TargetConfig
 from pd.targets.lm import build_llama, load_llama, token_labels, token_source
 from pd.targets.train import TrainedTarget, load_or_train
 from pd.train.evaluate import Evaluate, evaluate_toy
-from pd.train.evaluate_lm import evaluate_lm
+from pd.train.evaluate_masks import evaluate_masks
 from pd.train.step import make_sampler
 
 Batches = Callable[[int], Batch]  # the global batch of a step (S18), placed on the mesh
@@ -71,6 +72,35 @@ def _load_toy(cfg: TargetConfig, target: Target) -> TrainedTarget:
     return load_or_train(cfg, toy)
 
 
+@dataclass(frozen=True)
+class OwnTarget:
+    """A target of the caller's own, for `run`: any Target (`pd.targets.haiku.haiku_target`
+    makes one from a haiku model), its frozen parameters and its batches. `batches(step)` must be
+    a pure function of the step (S18); the evaluation reads steps counting down from
+    `EVAL_FOLD` of `eval_batches` (default: `batches`). `seq_len` fixes the shape of
+    sequence-scoped adversarial sources (0: no sequence axis)."""
+
+    target: Target
+    frozen: hk.Params
+    batches: Callable[[int], Batch]
+    eval_batches: Callable[[int], Batch] | None = None
+    seq_len: int = 0
+
+
+def own_kind(own: OwnTarget) -> TargetKind:
+    """The kind of a caller's target: nothing to build, load or train."""
+    evaluation = own.eval_batches or own.batches
+    return TargetKind(
+        build=lambda C: own.target,
+        seq_len=own.seq_len,
+        check_inputs=lambda: None,
+        load_frozen=lambda target: TrainedTarget(own.frozen, 0, float("nan"), from_cache=True),
+        batches=lambda seed, batch, target, run_key: own.batches,
+        eval_batches=lambda seed, batch, target, run_key: evaluation,
+        evaluate=evaluate_masks,
+    )
+
+
 def kind_of(cfg: TargetConfig) -> TargetKind:
     """The one place that tells language models from toys."""
     if isinstance(cfg, LlamaConfig):
@@ -81,7 +111,7 @@ def kind_of(cfg: TargetConfig) -> TargetKind:
             load_frozen=partial(load_llama, cfg),
             batches=partial(_lm_batches, cfg, False),
             eval_batches=partial(_lm_batches, cfg, bool(cfg.text)),
-            evaluate=evaluate_lm,
+            evaluate=evaluate_masks,
             labels=partial(token_labels, cfg) if cfg.text else None,
         )
     return TargetKind(

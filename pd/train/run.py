@@ -30,7 +30,7 @@ from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig, check_name
 from pd.train.evaluate import EVAL_FOLD, make_eval_step
 from pd.train.init_state import init_train_state, state_shardings
-from pd.train.kinds import Batches, kind_of, placed
+from pd.train.kinds import Batches, OwnTarget, TargetKind, kind_of, own_kind, placed
 from pd.train.rundir import check_destination, staged
 from pd.train.step import (
     Recipe,
@@ -61,9 +61,10 @@ class RunResult:
     recipe: Recipe
 
 
-def make_recipe(config: RunConfig) -> Recipe:
-    """The static structure of a run (no arrays, nothing compiled); bad sizes are ConfigErrors."""
-    kind = kind_of(config.target)
+def make_recipe(config: RunConfig, kind: TargetKind | None = None) -> Recipe:
+    """The static structure of a run (no arrays, nothing compiled); bad sizes are ConfigErrors.
+    `kind` is the configured target's unless given (a caller's own target, `OwnTarget`)."""
+    kind = kind or kind_of(config.target)
     try:
         target = kind.build(config.C)
         if config.ci_fn == "chunkwise_transformer":
@@ -106,10 +107,11 @@ def make_batches(
     run_key: jax.Array,
     mesh: Mesh | None,
     evaluation: bool = False,
+    kind: TargetKind | None = None,
 ) -> Batches:
     """The global batch of a step, a pure function of `(seed, step)` (S18), placed on the mesh;
     with `evaluation`, of `eval.batch` examples from the held-out data where the target has it."""
-    kind = kind_of(config.target)
+    kind = kind or kind_of(config.target)
     make = kind.eval_batches if evaluation else kind.batches
     size = config.eval.batch if evaluation else config.train.batch
     return placed(make(config.seed, size, recipe.target, run_key), mesh)
@@ -156,8 +158,14 @@ def _train(
     return state
 
 
-def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> RunResult:
-    """Decompose the configured target end to end and write the run folder.
+def run(
+    config: RunConfig,
+    out: Path | None = None,
+    overwrite: bool = False,
+    own: OwnTarget | None = None,
+) -> RunResult:
+    """Decompose the configured target (or `own`, a target of the caller's own, in place of
+    `config.target`) end to end and write the run folder.
 
     The folder appears only when the run has finished (`pd.train.rundir.staged`): a failing or
     interrupted run writes nothing to `out` and, with `overwrite`, leaves the old run there.
@@ -165,8 +173,8 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
     if out is None:
         check_name(config.name)  # the name becomes a path
     run_dir = Path(out) if out is not None else Path("runs") / config.name
-    recipe = make_recipe(config)  # validates the site specs before anything is written
-    kind = kind_of(config.target)
+    kind = own_kind(own) if own is not None else kind_of(config.target)
+    recipe = make_recipe(config, kind)  # validates the site specs before anything is written
     if config.distributed.coordinator:  # before anything starts a jax backend
         d = config.distributed
         initialize_distributed(d.coordinator, d.num_processes, d.process_id)
@@ -199,10 +207,10 @@ def run(config: RunConfig, out: Path | None = None, overwrite: bool = False) -> 
             state = init_train_state(recipe, init_key, src_key, mesh)
             if config.train.faith_warmup_steps > 0:
                 state = state._replace(components=faith_warmup(recipe, state.components, frozen))
-            batches = make_batches(config, recipe, run_key, mesh)
+            batches = make_batches(config, recipe, run_key, mesh, kind=kind)
             state = _train(recipe, state, frozen, batches, run_key, tmp_dir, shardings)
             checkpoint.save(tmp_dir / "decomposition.npz", (state.components, state.ci_params))
-            eval_batches = make_batches(config, recipe, run_key, mesh, evaluation=True)
+            eval_batches = make_batches(config, recipe, run_key, mesh, True, kind)
             summary = kind.evaluate(recipe, state, frozen, eval_batches, run_key, config.eval)
             summary["target/attempt"] = float(trained.attempt)
             if math.isfinite(trained.loss):  # a loaded checkpoint has no training loss
@@ -233,4 +241,4 @@ def summary_table(summary: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Diverged", "RunResult", "make_recipe", "run", "summary_table"]
+__all__ = ["Diverged", "OwnTarget", "RunResult", "make_recipe", "run", "summary_table"]
