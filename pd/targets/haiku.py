@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from pd.decompose import FROZEN, LayerSites, Sites
+from pd.decompose import LayerSites, Sites
 from pd.sites import SiteSpec, SiteTable, input_tap
 from pd.targets.base import Batch, Divergence, Output, Taps, TargetBase
 
@@ -166,10 +166,6 @@ class HaikuTarget(TargetBase):
 
         with hk.intercept_methods(site_call):
             return self.fn(x)
-
-    def taps(self, params: hk.Params, x: Batch) -> tuple[Taps, Output]:
-        output, taps = self.apply(params, x, FROZEN)
-        return taps, output
 
 
 def _called_as(path: str, name: str) -> bool:
