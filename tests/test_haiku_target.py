@@ -24,7 +24,8 @@ def mlp(x: Float[Array, "B 6"]) -> Float[Array, "B 3"]:
 
 
 def attention_block(x: Float[Array, "B 4 8"]) -> Float[Array, "B 4 8"]:
-    attn = hk.MultiHeadAttention(num_heads=2, key_size=4, w_init_scale=1.0, name="attn")
+    w_init = hk.initializers.VarianceScaling(1.0)
+    attn = hk.MultiHeadAttention(num_heads=2, key_size=4, w_init=w_init, name="attn")
     h = x + attn(x, x, x)
     return h + hk.Linear(8, name="out")(jax.nn.gelu(hk.Linear(16, name="up")(h)))
 
