@@ -33,8 +33,13 @@ def test_a_users_haiku_mlp_is_decomposed_through_run(tmp_path: Path) -> None:
     target = haiku_target(mlp, params, sparse(0), {"mlp/~/linear_*": 12})
     config = load_config(
         "tms_5-2",
-        ["train.steps=1000", "train.log_every=100", "eval.n_samples=1024", "eval.batch=256"]
-        + ["loss.importance=1e-5"],
+        [
+            "train.steps=1000",
+            "train.log_every=100",
+            "eval.n_samples=1024",
+            "eval.batch=256",
+            "loss.importance=1e-5",
+        ],
     )
     result = run(config, tmp_path / "own", own=OwnTarget(target, params, sparse))
     folder = tmp_path / "own"
