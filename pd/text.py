@@ -50,7 +50,7 @@ def gguf_tokenizer(path: str | Path) -> tuple[Tokenizer, int]:
 def tokenize_files(
     tokenizer: Tokenizer, eos: int, files: list[Path], held_out: float, separator: str = ""
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """`(train, held_out)` token ids of the files, each file's tail in the held-out part.
+    """`(train, held_out)` token ids of the files.
 
     A file is one document, or several split at each `separator` line (`%` in the `fortune`
     format); every document ends with `eos`. Of documents split from a file, every

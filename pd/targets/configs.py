@@ -98,7 +98,9 @@ class LlamaConfig(TrainsInProcess):
     built-in synthetic corpus.
 
     With `text` (a UTF-8 file, read with a `.gguf` checkpoint's own tokenizer), the batches are
-    windows of the text's first `1 - held_out` and the evaluation reads its last `held_out`.
+    windows of its train part and the evaluation reads its held-out part: every
+    `1 / held_out`-th document when `text_separator` splits it, else its last `held_out`
+    (`pd.text.tokenize_files`).
     Paths may name a file of an installed package: `package:NAME/PATH` (`pd.data.local_file`).
     """
 

@@ -51,7 +51,7 @@ def find_linears(fn: Callable[[Batch], Output], params: hk.Params, x: Batch) -> 
         kwargs: Mapping[str, object],
         ctx: hk.MethodContext,
     ) -> object:
-        if isinstance(ctx.module, hk.Linear) and ctx.method_name == "__call__":
+        if _linear_call(ctx):
             hk.set_state(_TAP, jnp.zeros((), jnp.float32))
             calls.append(ctx.module.module_name)  # a name, at trace time
         return next_f(*args, **kwargs)
@@ -145,7 +145,7 @@ class HaikuTarget(TargetBase):
             kwargs: Mapping[str, object],
             ctx: hk.MethodContext,
         ) -> object:
-            if not (isinstance(ctx.module, hk.Linear) and ctx.method_name == "__call__"):
+            if not _linear_call(ctx):
                 return next_f(*args, **kwargs)
             path = _param_path(ctx.module, decomposed)
             if path is None:
@@ -166,6 +166,10 @@ class HaikuTarget(TargetBase):
 
         with hk.intercept_methods(site_call):
             return self.fn(x)
+
+
+def _linear_call(ctx: hk.MethodContext) -> bool:
+    return isinstance(ctx.module, hk.Linear) and ctx.method_name == "__call__"
 
 
 def _called_as(path: str, name: str) -> bool:

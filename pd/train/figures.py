@@ -1,7 +1,6 @@
 """PNG figures of a run: CI on the one-hot probes, subcomponents, loss curves."""
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import haiku as hk
@@ -18,9 +17,8 @@ from pd.decompose import site_weights
 from pd.state import Components, TrainState
 from pd.targets.base import Batch, ToyTarget, as_toy
 from pd.train.evaluate import ALIVE_THRESHOLD, probe_ci
+from pd.train.kinds import Labels
 from pd.train.step import Recipe
-
-Labels = Callable[[list[int]], list[str]]  # token ids → their text
 
 
 def _ci_probes(
@@ -89,25 +87,24 @@ def _losses(run_dir: Path, path: Path) -> None:
     plt.close(fig)
 
 
-def _ci_over_sequence(
+def _ci_over_rows(
     recipe: Recipe,
     state: TrainState,
     frozen: hk.Params,
-    tokens: Batch,
+    x: Batch,
     path: Path,
     labels: Labels | None,
 ) -> None:
     """Per-site CI of the first sequence of a token batch, or of the first 32 examples of any
     other batch: positions (the tokens, with `labels`) or examples down, used subcomponents
     across, labelled with their index c in the site's `V[:, c]`."""
-    shown = tokens[:1] if jnp.issubdtype(tokens.dtype, jnp.integer) else tokens[:32]
+    sequence = jnp.issubdtype(x.dtype, jnp.integer)  # token batches
+    shown = x[:1] if sequence else x[:32]
     ci, _ = jax.jit(recipe.ci)(state.ci_params, state.components, frozen, shown)
     views = {
         n: np.asarray(v).reshape(-1, v.shape[-1]) for n, v in recipe.table.views(ci.lower).items()
     }
-    words = (
-        None if labels is None else [repr(w)[1:-1] for w in labels(np.asarray(tokens[0]).tolist())]
-    )
+    words = None if labels is None else [repr(w)[1:-1] for w in labels(np.asarray(x[0]).tolist())]
     n = len(views)
     cols = min(n, 7 if words is None else 4)
     rows = -(-n // cols)
@@ -123,10 +120,10 @@ def _ci_over_sequence(
         if len(used) <= 40:
             ax.set_xticks(range(len(used)), [str(c) for c in used], fontsize=5, rotation=90)
         if words is None:
-            ax.set_ylabel("position" if shown.shape[0] == 1 else "example", fontsize=7)
+            ax.set_ylabel("position" if sequence else "example", fontsize=7)
         else:
             ax.set_yticks(range(len(words)), words, fontsize=6)
-    fig.suptitle("causal importance over one sequence")
+    fig.suptitle(f"causal importance over {'one sequence' if sequence else 'examples'}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -144,7 +141,7 @@ def write_figures(
     the first sequence of `x`, its tokens' text from `labels`, or over its first examples);
     all: `losses.png`."""
     if not isinstance(recipe.target, ToyTarget):
-        _ci_over_sequence(recipe, state, frozen, x, run_dir / "ci_sequence.png", labels)
+        _ci_over_rows(recipe, state, frozen, x, run_dir / "ci_sequence.png", labels)
     else:
         _ci_probes(recipe, state.ci_params, state.components, frozen, run_dir / "ci_probes.png")
         _components(recipe, state.components, frozen, run_dir / "components.png")

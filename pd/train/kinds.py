@@ -22,6 +22,7 @@ from pd.train.evaluate_masks import evaluate_masks
 from pd.train.step import make_sampler
 
 Batches = Callable[[int], Batch]  # the global batch of a step (S18), placed on the mesh
+Labels = Callable[[list[int]], list[str]]  # token ids → their text, for figures
 HostBatches = Callable[[int], np.ndarray | jax.Array]
 # `(seed, batch size, target, run key) → batches`
 MakeBatches = Callable[[int, int, Target, Key[Array, ""]], HostBatches]
@@ -38,7 +39,7 @@ class TargetKind:
     batches: MakeBatches
     eval_batches: MakeBatches  # held-out data where the target has it, else `batches`
     evaluate: Evaluate
-    labels: Callable[[list[int]], list[str]] | None = None  # token ids → text, for figures
+    labels: Labels | None = None
 
 
 def _toy_batches(seed: int, batch: int, target: Target, run_key: Key[Array, ""]) -> HostBatches:
