@@ -133,4 +133,15 @@ class LlamaConfig(TrainsInProcess):
     max_attempts: int = 2
 
 
-TargetConfig = TMSConfig | ResidMLPConfig | LlamaConfig
+@dataclass(frozen=True)
+class FactoryConfig:
+    """A target of the user's own: `factory` names a function, `"package.module:function"`,
+    that takes no arguments and returns a `pd.train.OwnTarget` (the target, its frozen
+    parameters and its batches). Empty when the target was given to `run(own=...)` in Python.
+    In TOML: `target = { factory = "my_pkg.models:build" }`."""
+
+    factory: str = ""
+    kind: Literal["own"] = "own"
+
+
+TargetConfig = TMSConfig | ResidMLPConfig | LlamaConfig | FactoryConfig

@@ -18,7 +18,13 @@ from typing import Literal
 
 from pd.adversary import Scope
 from pd.losses import PlanKind
-from pd.targets.configs import LlamaConfig, ResidMLPConfig, TargetConfig, TMSConfig
+from pd.targets.configs import (
+    FactoryConfig,
+    LlamaConfig,
+    ResidMLPConfig,
+    TargetConfig,
+    TMSConfig,
+)
 from pd.train.schedule import Schedule
 
 
@@ -202,8 +208,10 @@ def _build(tp: object, value: object, path: str) -> object:
             "tms": TMSConfig,
             "resid_mlp": ResidMLPConfig,
             "llama": LlamaConfig,
+            "own": FactoryConfig,
         }
-        kind = value.get("kind", "tms") if isinstance(value, dict) else None
+        default = "own" if isinstance(value, dict) and "factory" in value else "tms"
+        kind = value.get("kind", default) if isinstance(value, dict) else None
         if kind not in kinds:
             raise ConfigError(
                 f"config key '{path}.kind' is {kind!r}, "

@@ -3,6 +3,7 @@ its frozen weights, its batches and its evaluation."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
+import importlib
 from functools import partial
 
 import haiku as hk
@@ -14,9 +15,10 @@ from jaxtyping import Array, Key
 
 from pd.shard import global_batch
 from pd.targets.base import Batch, Target, ToyTarget, as_toy
-from pd.targets.configs import LlamaConfig, TargetConfig
+from pd.targets.configs import FactoryConfig, LlamaConfig, TargetConfig
 from pd.targets.lm import build_llama, load_llama, token_labels, token_source
 from pd.targets.train import TrainedTarget, load_or_train
+from pd.train.config import ConfigError
 from pd.train.evaluate import Evaluate, evaluate_toy
 from pd.train.evaluate_masks import evaluate_masks
 from pd.train.step import make_sampler
@@ -102,8 +104,47 @@ def own_kind(own: OwnTarget) -> TargetKind:
     )
 
 
-def kind_of(cfg: TargetConfig) -> TargetKind:
-    """The one place that tells language models from toys."""
+def resolve_factory(cfg: FactoryConfig) -> OwnTarget:
+    """Call the function `cfg.factory` names (`"package.module:function"`) for its OwnTarget."""
+    spec = cfg.factory
+    module_name, sep, attr = spec.partition(":")
+    want = "'package.module:function' naming a function that returns a pd.train.OwnTarget"
+    if not spec:
+        raise ConfigError(
+            f"config key 'target.factory' is empty, expected {want} (a target given to "
+            "run(own=...) in Python must be given again: pd.load(run_dir, own=...))"
+        )
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"config key 'target.factory' is {spec!r}, expected {want}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(
+            f"config key 'target.factory' is {spec!r}, whose module cannot be imported ({err}), "
+            f"expected {want}"
+        ) from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(
+            f"config key 'target.factory' is {spec!r}, but module '{module_name}' has no "
+            f"function '{attr}', expected {want}"
+        )
+    own = factory()
+    if not isinstance(own, OwnTarget):
+        raise ConfigError(
+            f"config key 'target.factory' is {spec!r}, whose function returned a "
+            f"{type(own).__name__}, expected a pd.train.OwnTarget"
+        )
+    return own
+
+
+def kind_of(cfg: TargetConfig, own: OwnTarget | None = None) -> TargetKind:
+    """The one place that tells language models from toys and from a caller's own targets
+    (`own`, or the one `cfg` names by its factory)."""
+    if own is not None:
+        return own_kind(own)
+    if isinstance(cfg, FactoryConfig):
+        return own_kind(resolve_factory(cfg))
     if isinstance(cfg, LlamaConfig):
         return TargetKind(
             build=partial(build_llama, cfg),
