@@ -2,17 +2,25 @@
 its sites chosen by module-name patterns, decomposed end to end without presets or target
 training; the generic evaluation (divergence under each mask kind, CI-L0, alive) and figures."""
 
+import dataclasses
 import json
 from pathlib import Path
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 from jaxtyping import Array, Float
 
+import pd
+from pd.init import key_tree
+from pd.targets.configs import TMSConfig
 from pd.targets.haiku import haiku_target
-from pd.train import load_config
-from pd.train.run import OwnTarget, run
+from pd.targets.train import load_or_train
+from pd.train import KnownAnswer, OwnTarget, load_config, run
+from pd.train.config import ConfigError
+from pd.train.step import make_sampler
 
 N = 8  # sparse features in, N outputs
 
@@ -54,3 +62,89 @@ def test_a_users_haiku_mlp_is_decomposed_through_run(tmp_path: Path) -> None:
     assert summary["mse/ci_masked"] < 0.2 * summary["mse/zero_masked"], summary
     assert summary["mse/unmasked"] < 0.2 * summary["mse/zero_masked"], summary
     assert "identity_ci_error_0.1/mlp/~/linear_0" not in summary  # no known answer declared
+
+
+def test_a_target_factory_named_in_the_config_is_run_and_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A user's module on the path, as `target = { factory = "users_models:build" }` names it.
+    (tmp_path / "users_models.py").write_text(
+        "import haiku as hk, jax\n"
+        "from pd.targets.haiku import haiku_target\n"
+        "from pd.train import OwnTarget\n"
+        "def mlp(x):\n"
+        "    return hk.nets.MLP([16, 8], name='mlp')(x)\n"
+        "def batches(step):\n"
+        "    return jax.random.uniform(jax.random.fold_in(jax.random.key(7), step), (64, 8))\n"
+        "def build() -> OwnTarget:\n"
+        "    params = hk.transform(mlp).init(jax.random.key(0), batches(0))\n"
+        "    target = haiku_target(mlp, params, batches(0), {'mlp/~/linear_1': 4})\n"
+        "    return OwnTarget(target, params, batches)\n"
+        "def nothing() -> int:\n"
+        "    return 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    short = ["train.steps=3", "train.faith_warmup_steps=2", "eval.n_samples=256", "eval.batch=256"]
+    config = load_config("tms_5-2", [*short, 'target={factory="users_models:build"}'])
+    result = run(config, tmp_path / "factory")
+    loaded = pd.load(tmp_path / "factory")  # the factory rebuilds the target; weights checked
+    assert loaded.sites == ("mlp/~/linear_1",) and "mse/ci_masked" in result.summary
+    x = loaded.batch(1)
+    np.testing.assert_array_equal(
+        np.asarray(loaded.ci(x)["mlp/~/linear_1"]),
+        np.asarray(result.decomposition.ci(x)["mlp/~/linear_1"]),
+    )
+    for spec, says in (
+        ("users_models", "expected 'package.module:function'"),
+        ("no_such_module:build", "whose module cannot be imported"),
+        ("users_models:absent", "has no function 'absent'"),
+        ("users_models:nothing", "returned a int, expected a pd.train.OwnTarget"),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            run(load_config("tms_5-2", [*short, f'target={{factory="{spec}"}}']), tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_target_given_in_python_is_given_again_to_load(tmp_path: Path) -> None:
+    params = hk.transform(mlp).init(jax.random.key(0), sparse(0))
+    own = OwnTarget(haiku_target(mlp, params, sparse(0), {"mlp/~/linear_0": 4}), params, sparse)
+    short = ["train.steps=3", "train.faith_warmup_steps=2", "eval.n_samples=256", "eval.batch=256"]
+    run(load_config("tms_5-2", short), tmp_path / "given", own=own)
+    with pytest.raises(ConfigError, match=r"must be given again: pd\.load\(run_dir, own=\.\.\.\)"):
+        pd.load(tmp_path / "given")
+    assert pd.load(tmp_path / "given", own=own).sites == ("mlp/~/linear_0",)
+    other = jax.tree.map(lambda a: a + 1.0, params)
+    with pytest.raises(ValueError, match=r"frozen weights .* are not the ones"):
+        pd.load(tmp_path / "given", own=dataclasses.replace(own, frozen=other))
+
+
+def tms(x: Float[Array, "B 5"]) -> Float[Array, "B 5"]:
+    """TMS 5-2 the plain haiku way: two hk.Linear layers and a ReLU."""
+    h = hk.Linear(2, with_bias=False, name="linear1")(x)
+    return jax.nn.relu(hk.Linear(5, name="linear2")(h))
+
+
+@pytest.mark.slow
+def test_tms_written_with_hk_linear_recovers_every_feature(tmp_path: Path) -> None:
+    # pd's own trained TMS 5-2 weights in hk.Linear modules (linear2's w is linear1's
+    # transpose, as TMS ties them), its feature sampler as the caller's batches.
+    cfg = TMSConfig()
+    toy = cfg.build(20)
+    W1, b = (load_or_train(cfg, toy).params["~"][k] for k in ("linear1", "b"))
+    params = {"linear1": {"w": W1}, "linear2": {"w": W1.T, "b": b}}
+    x0 = toy.sample(jax.random.key(0), 8)
+    target = haiku_target(tms, params, x0, {"linear*": 20})
+    sample, run_key = make_sampler(toy, 1024), key_tree(0)[2]
+    own = OwnTarget(
+        target,
+        params,
+        lambda step: sample(run_key, jnp.asarray(step, jnp.int32)),
+        known=KnownAnswer(5, feature_sites=("linear1",)),
+    )
+    config = load_config("tms_5-2", ["eval.n_samples=20480", "eval.batch=1024"])
+    summary = run(config, tmp_path / "tms", own=own).summary
+    for site in ("linear1", "linear2"):
+        assert summary[f"identity_ci_error_0.1/{site}"] == 0.0, summary
+        assert summary[f"alive/{site}"] == 5.0, summary
+    assert summary["mmcs/linear1"] >= 0.99 and 0.95 <= summary["ml2r/linear1"] <= 1.05, summary
+    assert (tmp_path / "tms" / "ci_probes.png").is_file()

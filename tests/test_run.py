@@ -13,7 +13,8 @@ import pytest
 import pd
 from pd.init import init_vu, key_tree
 from pd.targets.base import as_toy
-from pd.train import load_config, run
+from pd.targets.tms import TMS
+from pd.train import checkpoint, load_config, run
 from pd.train.init_state import init_train_state
 from pd.train.run import RunResult, make_recipe
 from pd.train.step import make_sampler, make_train_step
@@ -104,16 +105,65 @@ def test_overwrite_by_a_failing_run_keeps_the_old_run(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
 
 
-def test_load_refuses_a_corrupt_checkpoint(tiny_run: RunResult, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["decomposition.npz", "frozen.npz"])
+def test_load_refuses_a_corrupt_checkpoint(tiny_run: RunResult, tmp_path: Path, name: str) -> None:
     broken = tmp_path / "broken"
-    broken.mkdir()
-    for name in ("config.json", "decomposition.npz", "decomposition.json"):
-        (broken / name).write_bytes((tiny_run.run_dir / name).read_bytes())
-    (broken / "decomposition.npz").write_bytes(b"not a checkpoint")
+    shutil.copytree(tiny_run.run_dir, broken)
+    (broken / name).write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="is corrupt"):
         pd.load(broken)
     with pytest.raises(FileNotFoundError, match=r"has no config\.json"):
         pd.load(tmp_path / "nowhere")
+
+
+def test_the_run_folder_holds_its_frozen_target(tiny_run: RunResult, tmp_path: Path) -> None:
+    # The copy in the folder is the target V/U were fitted to: pd.load needs no cache.
+    loaded = pd.load(tiny_run.run_dir)
+    assert checkpoint.fingerprint(loaded.frozen) == checkpoint.fingerprint(tiny_run.frozen)
+    # Without the copy, the target is rebuilt and must match the recorded fingerprint.
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_run.run_dir, moved)
+    (moved / "frozen.npz").unlink()
+    meta = json.loads((moved / "frozen.json").read_text())
+    (moved / "frozen.json").write_text(json.dumps({"fingerprint": meta["fingerprint"]}))
+    assert pd.load(moved).sites == loaded.sites
+    (moved / "frozen.json").write_text(json.dumps({"fingerprint": "0" * 64}))
+    with pytest.raises(ValueError, match=r"frozen weights .* are not the ones run folder"):
+        pd.load(moved)
+
+
+def test_run_result_decomposition_equals_the_loaded_one(tiny_run: RunResult) -> None:
+    mine, loaded = tiny_run.decomposition, pd.load(tiny_run.run_dir)
+    x = mine.batch(3)
+    assert x.shape == (256, 5) and mine.known is not None and mine.known.n_features == 5
+    for site in mine.sites:
+        np.testing.assert_array_equal(np.asarray(mine.ci(x)[site]), np.asarray(loaded.ci(x)[site]))
+
+
+def test_ablate_takes_rank_one_pieces_out_of_the_weight(tiny_run: RunResult) -> None:
+    d = tiny_run.decomposition
+    x = d.batch(0)[:16]
+    np.testing.assert_allclose(np.asarray(d.ablate(x, "linear1", [])), np.asarray(d.clean(x)))
+    # Ablating c is the frozen model with W − V[:, c] U[c, :] at linear1 (TMS: relu(h W2 + b)).
+    V, U, W = d.V["linear1"], d.U["linear1"], d.frozen["~"]["linear1"]
+    h = x @ (W - jnp.outer(V[:, 2], U[2]) - jnp.outer(V[:, 7], U[7]))
+    assert isinstance(d.target, TMS)
+    for i in range(d.target.n_identity):
+        h = h @ d.frozen["~"][f"hidden_{i}"]
+    expected = jax.nn.relu(h @ d.frozen["~"]["linear2"] + d.frozen["~"]["b"])
+    np.testing.assert_allclose(
+        np.asarray(d.ablate(x, "linear1", [2, 7])), np.asarray(expected), atol=1e-5
+    )
+    with pytest.raises(KeyError, match="subcomponent 20 is not in the decomposition"):
+        d.ablate(x, "linear1", [20])
+
+
+def test_a_wrong_shaped_input_is_one_sentence(tiny_run: RunResult) -> None:
+    d = tiny_run.decomposition
+    with pytest.raises(
+        ValueError, match=r"input x has shape \[3, 7\] of float32, expected \[B, 5\]"
+    ):
+        d.ci(jnp.ones((3, 7)))
 
 
 def test_s18_batch_is_pure_and_frozen_params_are_traced_arguments() -> None:

@@ -144,4 +144,6 @@ class FactoryConfig:
     kind: Literal["own"] = "own"
 
 
+ToyConfig = TMSConfig | ResidMLPConfig
+PdTrainedConfig = TMSConfig | ResidMLPConfig | LlamaConfig  # targets pd can train itself
 TargetConfig = TMSConfig | ResidMLPConfig | LlamaConfig | FactoryConfig

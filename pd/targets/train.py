@@ -20,7 +20,7 @@ from jaxtyping import Array, Float, Key
 
 from pd.decompose import FROZEN
 from pd.targets.base import ToyTarget, TrainParams
-from pd.targets.configs import TargetConfig, TargetTraining
+from pd.targets.configs import PdTrainedConfig, TargetTraining
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +124,12 @@ def cache_dir() -> Path:
 LAYOUT = 2
 
 
-def _cache_key(cfg: TargetConfig) -> str:
+def _cache_key(cfg: PdTrainedConfig) -> str:
     blob = json.dumps({"layout": LAYOUT, **dataclasses.asdict(cfg)}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _save(path: Path, trained: TrainedTarget, cfg: TargetConfig) -> None:
+def _save(path: Path, trained: TrainedTarget, cfg: PdTrainedConfig) -> None:
     buf = io.BytesIO()
     arrays: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in trained.params["~"].items()}
     np.savez(buf, allow_pickle=False, **arrays)
@@ -165,7 +165,7 @@ def _load(path: Path) -> TrainedTarget | None:
         return None
 
 
-def load_or_train(cfg: TargetConfig, target: ToyTarget) -> TrainedTarget:
+def load_or_train(cfg: PdTrainedConfig, target: ToyTarget) -> TrainedTarget:
     """The trained target for `cfg`, from the cache when a valid entry exists."""
     path = cache_dir() / "targets" / _cache_key(cfg)
     cached = _load(path)

@@ -1,10 +1,15 @@
-"""The trained decomposition on disk: stacked V/U and CI parameters in one checksummed `.npz`."""
+"""Arrays on disk, each `.npz` beside a `.json` holding its sha256: the trained decomposition
+(stacked V/U and CI parameters, read back into a known structure) and the frozen target's
+parameters (nested dicts, self-describing, with the fingerprint `pd.load` compares)."""
 
 import hashlib
 import io
 import json
+import os
+import secrets
 from pathlib import Path
 
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,35 +19,55 @@ from pd.ci import GroupParams
 from pd.state import Components
 
 Trained = tuple[Components, GroupParams]
+# Frozen parameters up to this size are copied into the run folder (toys, small models); a
+# larger target (a real language model) is identified by its fingerprint and rebuilt on load.
+FROZEN_COPY_LIMIT = 64 * 2**20
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to a unique temporary name beside `path`, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, allow_pickle=False, **arrays)
+    return buf.getvalue()
+
+
+def _verified(path: Path, what: str) -> tuple[bytes, dict[str, object]]:
+    """The payload of `path` and its `.json`, or why they cannot be trusted."""
+    if not path.exists():
+        raise FileNotFoundError(f"{what} '{path}' does not exist, expected a pd {what}")
+    payload = path.read_bytes()
+    meta_path = path.with_suffix(".json")
+    try:
+        meta = json.loads(meta_path.read_text())
+        expected = meta["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{what} metadata '{meta_path}' is unreadable ({err})") from None
+    if hashlib.sha256(payload).hexdigest() != expected:
+        raise ValueError(f"{what} '{path}' is corrupt: its sha256 does not match '{meta_path}'")
+    return payload, meta
 
 
 def save(path: Path, trained: Trained) -> None:
     """Write leaves by their tree path, plus a `.json` with the payload's sha256."""
     leaves = jax.tree_util.tree_flatten_with_path(jax.device_get(trained))[0]
-    arrays = {jax.tree_util.keystr(p): np.asarray(v) for p, v in leaves}
-    buf = io.BytesIO()
-    np.savez(buf, allow_pickle=False, **arrays)
-    payload = buf.getvalue()
-    path.write_bytes(payload)
-    path.with_suffix(".json").write_text(
-        json.dumps({"sha256": hashlib.sha256(payload).hexdigest()})
-    )
+    payload = _npz({jax.tree_util.keystr(p): np.asarray(v) for p, v in leaves})
+    write_atomic(path, payload)
+    meta = {"sha256": hashlib.sha256(payload).hexdigest()}
+    write_atomic(path.with_suffix(".json"), json.dumps(meta).encode())
 
 
 def load(path: Path, like: PyTree[jax.ShapeDtypeStruct]) -> Trained:
     """The saved decomposition in the abstract structure `like` (shapes checked), or why not."""
-    if not path.exists():
-        raise FileNotFoundError(
-            f"checkpoint '{path}' does not exist, expected a saved decomposition"
-        )
-    payload = path.read_bytes()
-    meta_path = path.with_suffix(".json")
-    try:
-        expected = json.loads(meta_path.read_text())["sha256"]
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"checkpoint metadata '{meta_path}' is unreadable ({err})") from None
-    if hashlib.sha256(payload).hexdigest() != expected:
-        raise ValueError(f"checkpoint '{path}' is corrupt: its sha256 does not match '{meta_path}'")
+    payload, _ = _verified(path, "checkpoint")
     paths, treedef = jax.tree_util.tree_flatten_with_path(like)
     with np.load(io.BytesIO(payload)) as z:
         leaves = []
@@ -59,3 +84,62 @@ def load(path: Path, like: PyTree[jax.ShapeDtypeStruct]) -> Trained:
             leaves.append(jnp.asarray(value))
     restored: Trained = jax.tree_util.tree_unflatten(treedef, leaves)
     return restored
+
+
+def _dict_keys(path: tuple[object, ...]) -> list[str]:
+    keys = [getattr(k, "key", None) for k in path]
+    if not all(isinstance(k, str) for k in keys):
+        raise TypeError(f"parameter path {jax.tree_util.keystr(path)} is not made of dict keys")
+    return [str(k) for k in keys]
+
+
+def _host_leaves(params: hk.Params) -> list[tuple[list[str], np.ndarray]]:
+    leaves = jax.tree_util.tree_flatten_with_path(jax.device_get(params))[0]
+    return sorted(((_dict_keys(p), np.asarray(v)) for p, v in leaves), key=lambda kv: kv[0])
+
+
+def fingerprint(params: hk.Params) -> str:
+    """The sha256 of the parameters' paths, dtypes, shapes and bytes: equal for equal weights,
+    however they were loaded."""
+    digest = hashlib.sha256()
+    for keys, value in _host_leaves(params):
+        digest.update(json.dumps([keys, str(value.dtype), list(value.shape)]).encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()
+
+
+def save_frozen(path: Path, params: hk.Params) -> None:
+    """`path` (`.npz`, arrays `0, 1, …`) and its `.json` (their dict paths, the fingerprint);
+    over FROZEN_COPY_LIMIT, the `.json` alone, with the fingerprint."""
+    leaves = _host_leaves(params)
+    meta: dict[str, object] = {"fingerprint": fingerprint(params)}
+    if sum(v.nbytes for _, v in leaves) <= FROZEN_COPY_LIMIT:
+        payload = _npz({str(i): v for i, (_, v) in enumerate(leaves)})
+        write_atomic(path, payload)
+        meta |= {"sha256": hashlib.sha256(payload).hexdigest(), "paths": [k for k, _ in leaves]}
+    write_atomic(path.with_suffix(".json"), json.dumps(meta).encode())
+
+
+def load_frozen(path: Path) -> tuple[str, hk.Params | None]:
+    """The recorded fingerprint, and the parameters where the run folder holds a copy."""
+    if not path.exists():
+        meta_path = path.with_suffix(".json")
+        try:
+            return str(json.loads(meta_path.read_text())["fingerprint"]), None
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"frozen-target record '{meta_path}' is unreadable ({err})") from None
+    payload, meta = _verified(path, "frozen-target file")
+    params: dict[str, dict[str, jax.Array]] = {}
+    with np.load(io.BytesIO(payload)) as z:
+        for i, (module, name) in enumerate(_param_paths(meta["paths"])):
+            params.setdefault(module, {})[name] = jnp.asarray(z[str(i)])
+    return str(meta["fingerprint"]), params
+
+
+def _param_paths(paths: object) -> list[tuple[str, str]]:
+    """`[[module, name], …]` as written by `save_frozen` (haiku's two-level parameters)."""
+    if not isinstance(paths, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(k, str) for k in p) for p in paths
+    ):
+        raise ValueError(f"frozen-target paths {paths!r:.80} are not [module, name] pairs")
+    return [(module, name) for module, name in paths]

@@ -1,6 +1,7 @@
 """Evaluation of a decomposition (SPEC §13): CI-L0, alive counts, CI errors, MMCS / ML2R."""
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 import haiku as hk
 import jax
@@ -13,7 +14,7 @@ from pd.ci import GroupParams
 from pd.decompose import site_weights
 from pd.sites import SiteTable
 from pd.state import Components, TrainState
-from pd.targets.base import Batch, as_toy
+from pd.targets.base import Batch, ToyTarget, as_toy
 from pd.train.config import EvalConfig
 from pd.train.step import CI_ACTIVE, Metrics, Recipe, evaluate_batch, flat_metrics
 
@@ -83,13 +84,60 @@ def make_eval_step(recipe: Recipe) -> EvalFn:
     return fn
 
 
+@dataclass(frozen=True)
+class KnownAnswer:
+    """What a target's decomposition should find (SPEC §13), for targets that know it: on a
+    one-hot probe of each of `n_features` input features, each site needs one subcomponent per
+    feature (identity CI error) except `dense_sites`, which need `k` always-on ones (dense CI
+    error); in `feature_sites`, row j of W is feature j's direction (MMCS / ML2R)."""
+
+    n_features: int
+    dense_sites: Mapping[str, int] = field(default_factory=dict)
+    feature_sites: tuple[str, ...] = ()
+
+
+def toy_answer(target: ToyTarget) -> KnownAnswer:
+    return KnownAnswer(target.n_features, target.dense_sites, target.feature_sites)
+
+
 def probe_ci(
-    recipe: Recipe, ci_params: GroupParams, comps: Components, frozen: hk.Params
+    recipe: Recipe,
+    ci_params: GroupParams,
+    comps: Components,
+    frozen: hk.Params,
+    n_features: int,
 ) -> dict[str, np.ndarray]:
     """`{site: [n_features, C]}` CI of each one-hot feature input with value 0.75."""
-    probes = 0.75 * jnp.eye(as_toy(recipe.target).n_features)
+    probes = 0.75 * jnp.eye(n_features)
     ci, _ = jax.jit(recipe.ci)(ci_params, comps, frozen, probes)
     return {n: np.asarray(v) for n, v in recipe.table.views(ci.lower).items()}
+
+
+def known_answer_metrics(
+    recipe: Recipe,
+    state: TrainState,
+    frozen: hk.Params,
+    site_max: Mapping[str, np.ndarray],
+    known: KnownAnswer,
+) -> dict[str, float]:
+    """The CI errors on one-hot probes, and MMCS / ML2R of the feature sites (SPEC §13);
+    `site_max` is each site's max CI over the evaluation data (who is alive)."""
+    table, summary = recipe.table, {}
+    probes = probe_ci(recipe, state.ci_params, state.components, frozen, known.n_features)
+    for name, ci in probes.items():
+        k = known.dense_sites.get(name)
+        for tol in (0.1, 0.2):
+            if k is None:
+                summary[f"identity_ci_error_{tol}/{name}"] = float(identity_ci_error(ci, tol))
+            else:
+                summary[f"dense_ci_error_{tol}/{name}"] = float(dense_ci_error(ci, k, tol))
+    weights = site_weights(table, recipe.target.weights(frozen))
+    comps = table.views(state.components.V), table.views(state.components.U)
+    for name in known.feature_sites:
+        W, V, U = (np.asarray(a) for a in (weights[name], comps[0][name], comps[1][name]))
+        alive = site_max[name] > ALIVE_THRESHOLD
+        summary[f"mmcs/{name}"], summary[f"ml2r/{name}"] = mmcs_ml2r(W, V, U, alive)
+    return summary
 
 
 def accumulate(
@@ -141,18 +189,5 @@ def evaluate_toy(
     keep = ("loss/", "monitor/", "ci_l0/", "alive/")
     summary = {k: v for k, v in means.items() if k.startswith(keep)}
     summary["eval/n_samples"] = float(n_batches * batch)
-    probes = probe_ci(recipe, state.ci_params, state.components, frozen)
-    for name, ci in probes.items():
-        k = target.dense_sites.get(name)
-        for tol in (0.1, 0.2):
-            if k is None:
-                summary[f"identity_ci_error_{tol}/{name}"] = float(identity_ci_error(ci, tol))
-            else:
-                summary[f"dense_ci_error_{tol}/{name}"] = float(dense_ci_error(ci, k, tol))
-    weights = site_weights(table, target.weights(frozen))
-    comps = table.views(state.components.V), table.views(state.components.U)
-    for name in target.feature_sites:
-        W, V, U = (np.asarray(a) for a in (weights[name], comps[0][name], comps[1][name]))
-        alive = site_max[name] > ALIVE_THRESHOLD
-        summary[f"mmcs/{name}"], summary[f"ml2r/{name}"] = mmcs_ml2r(W, V, U, alive)
+    summary.update(known_answer_metrics(recipe, state, frozen, site_max, toy_answer(target)))
     return summary

@@ -13,7 +13,13 @@ from pd.decompose import Constant, Draw, Persistent
 from pd.state import TrainState
 from pd.targets.base import Batch, Output
 from pd.train.config import EvalConfig
-from pd.train.evaluate import EVAL_FOLD, accumulate, site_max
+from pd.train.evaluate import (
+    EVAL_FOLD,
+    KnownAnswer,
+    accumulate,
+    known_answer_metrics,
+    site_max,
+)
 from pd.train.step import Metrics, PassInputs, Recipe, ci_l0
 
 Tokens = Int[Array, "B T"]
@@ -72,9 +78,11 @@ def evaluate_masks(
     batches: Callable[[int], Batch],
     run_key: Key[Array, ""],
     cfg: EvalConfig,
+    known: KnownAnswer | None = None,
 ) -> dict[str, float]:
     """The flat summary of a decomposition over the evaluation batches (steps counting down
-    from EVAL_FOLD, which training never reaches)."""
+    from EVAL_FOLD, which training never reaches), with the known-answer metrics where the
+    target declares its answer (`known`)."""
     n_batches = max(1, -(-cfg.n_samples // cfg.batch))
     key = jax.random.fold_in(run_key, EVAL_FOLD)
     eval_step = make_mask_eval_step(recipe)
@@ -82,7 +90,7 @@ def evaluate_masks(
         jax.device_get(eval_step(state, frozen, batches(EVAL_FOLD - b), jax.random.fold_in(key, b)))
         for b in range(n_batches)
     )
-    summary, _ = accumulate(recipe.table, results)
+    summary, ci_max = accumulate(recipe.table, results)
     div = recipe.target.divergence
     zero = summary[f"{div}/zero_masked"]
     summary[f"{div}_ratio/ci_masked_vs_zero"] = summary[f"{div}/ci_masked"] / max(zero, 1e-12)
@@ -90,4 +98,6 @@ def evaluate_masks(
     summary["ci_l0_over_C/max_site"] = max(
         summary[f"ci_l0/{n}"] / recipe.table.spec(n).C for n in recipe.table.names
     )
+    if known is not None:
+        summary.update(known_answer_metrics(recipe, state, frozen, ci_max, known))
     return summary

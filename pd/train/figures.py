@@ -11,27 +11,31 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
 
-from pd.ci import GroupParams
 from pd.decompose import site_weights
 from pd.state import Components, TrainState
-from pd.targets.base import Batch, ToyTarget, as_toy
-from pd.train.evaluate import ALIVE_THRESHOLD, probe_ci
+from pd.targets.base import Batch, ToyTarget
+from pd.train.evaluate import ALIVE_THRESHOLD, KnownAnswer, probe_ci
 from pd.train.kinds import Labels
 from pd.train.step import Recipe
 
 
 def _ci_probes(
-    recipe: Recipe, ci_params: GroupParams, comps: Components, frozen: hk.Params, path: Path
+    recipe: Recipe, state: TrainState, frozen: hk.Params, known: KnownAnswer, path: Path
 ) -> None:
-    probes = probe_ci(recipe, ci_params, comps, frozen)
+    """Per site, CI on each one-hot probe: the used subcomponents ordered by the feature they
+    serve, each labelled with its index c in the site's `V[:, c]`."""
+    comps = state.components
+    probes = probe_ci(recipe, state.ci_params, comps, frozen, known.n_features)
     fig, axes = plt.subplots(1, len(probes), figsize=(4 * len(probes), 3.5), squeeze=False)
     for ax, (name, ci) in zip(axes[0], probes.items(), strict=True):
         used = np.flatnonzero(ci.max(axis=0) > ALIVE_THRESHOLD)
         order = used[np.argsort(np.argmax(ci[:, used], axis=0), kind="stable")]
         image = ax.imshow(ci[:, order], vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_title(f"{name}: {len(used)} of {ci.shape[1]} used")
-        ax.set_xlabel("subcomponent (CI > 0.1 on some probe)")
+        _label_subcomponents(ax, order)
+        ax.set_xlabel("subcomponent c (CI > 0.1 on some probe)")
         ax.set_ylabel("one-hot feature (0.75)")
         fig.colorbar(image, ax=ax)
     fig.suptitle("causal importance on one-hot probes")
@@ -40,12 +44,20 @@ def _ci_probes(
     plt.close(fig)
 
 
-def _components(recipe: Recipe, comps: Components, frozen: hk.Params, path: Path) -> None:
+def _label_subcomponents(ax: Axes, shown: np.ndarray) -> None:
+    """x ticks naming the subcomponents shown, when few enough to read."""
+    if len(shown) <= 40:
+        ax.set_xticks(range(len(shown)), [str(c) for c in shown], fontsize=5, rotation=90)
+
+
+def _components(
+    recipe: Recipe, comps: Components, frozen: hk.Params, known: KnownAnswer, path: Path
+) -> None:
     """Rank-1 piece norms per site; for 2-d TMS hidden spaces, feature directions as arrows."""
     table = recipe.table
     V, U = table.views(comps.V), table.views(comps.U)
     weights = site_weights(table, recipe.target.weights(frozen))
-    arrows = [n for n in as_toy(recipe.target).feature_sites if weights[n].shape[1] == 2]
+    arrows = [n for n in known.feature_sites if weights[n].shape[1] == 2]
     n_cols = len(table.names) + len(arrows)
     fig, axes = plt.subplots(1, n_cols, figsize=(4 * n_cols, 3.5), squeeze=False)
     for ax, name in zip(axes[0], table.names, strict=False):
@@ -117,8 +129,7 @@ def _ci_over_rows(
         ax.imshow(ci_site[:, used], vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_title(f"{name}\n{len(used)} of {ci_site.shape[1]} used", fontsize=7)
         ax.set_xlabel("subcomponent c", fontsize=7)
-        if len(used) <= 40:
-            ax.set_xticks(range(len(used)), [str(c) for c in used], fontsize=5, rotation=90)
+        _label_subcomponents(ax, used)
         if words is None:
             ax.set_ylabel("position" if sequence else "example", fontsize=7)
         else:
@@ -136,13 +147,14 @@ def write_figures(
     x: Batch,
     run_dir: Path,
     labels: Labels | None = None,
+    known: KnownAnswer | None = None,
 ) -> None:
-    """Toys: `ci_probes.png` and `components.png`; other targets: `ci_sequence.png` (CI over
-    the first sequence of `x`, its tokens' text from `labels`, or over its first examples);
-    all: `losses.png`."""
+    """With a known answer (toys): `ci_probes.png` and `components.png`; targets other than
+    pd's toys: `ci_sequence.png` (CI over the first sequence of `x`, its tokens' text from
+    `labels`, or over its first examples); all: `losses.png`."""
     if not isinstance(recipe.target, ToyTarget):
         _ci_over_rows(recipe, state, frozen, x, run_dir / "ci_sequence.png", labels)
-    else:
-        _ci_probes(recipe, state.ci_params, state.components, frozen, run_dir / "ci_probes.png")
-        _components(recipe, state.components, frozen, run_dir / "components.png")
+    if known is not None:
+        _ci_probes(recipe, state, frozen, known, run_dir / "ci_probes.png")
+        _components(recipe, state.components, frozen, known, run_dir / "components.png")
     _losses(run_dir, run_dir / "losses.png")

@@ -1,9 +1,9 @@
 """What differs between toy targets and language models, decided once (`kind_of`): the model,
 its frozen weights, its batches and its evaluation."""
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-import importlib
 from functools import partial
 
 import haiku as hk
@@ -15,11 +15,11 @@ from jaxtyping import Array, Key
 
 from pd.shard import global_batch
 from pd.targets.base import Batch, Target, ToyTarget, as_toy
-from pd.targets.configs import FactoryConfig, LlamaConfig, TargetConfig
+from pd.targets.configs import FactoryConfig, LlamaConfig, TargetConfig, ToyConfig
 from pd.targets.lm import build_llama, load_llama, token_labels, token_source
 from pd.targets.train import TrainedTarget, load_or_train
 from pd.train.config import ConfigError
-from pd.train.evaluate import Evaluate, evaluate_toy
+from pd.train.evaluate import Evaluate, KnownAnswer, evaluate_toy, toy_answer
 from pd.train.evaluate_masks import evaluate_masks
 from pd.train.step import make_sampler
 
@@ -41,6 +41,7 @@ class TargetKind:
     batches: MakeBatches
     eval_batches: MakeBatches  # held-out data where the target has it, else `batches`
     evaluate: Evaluate
+    known: Callable[[Target], KnownAnswer | None]  # for the known-answer metrics and figures
     labels: Labels | None = None
 
 
@@ -70,7 +71,7 @@ def _check_lm_inputs(cfg: LlamaConfig) -> None:
         token_source(cfg, held_out).batch(0, 0, 1, cfg.seq_len)
 
 
-def _load_toy(cfg: TargetConfig, target: Target) -> TrainedTarget:
+def _load_toy(cfg: ToyConfig, target: Target) -> TrainedTarget:
     toy: ToyTarget = as_toy(target)
     return load_or_train(cfg, toy)
 
@@ -81,13 +82,15 @@ class OwnTarget:
     makes one from a haiku model), its frozen parameters and its batches. `batches(step)` must be
     a pure function of the step (S18); the evaluation reads steps counting down from
     `EVAL_FOLD` of `eval_batches` (default: `batches`). `seq_len` fixes the shape of
-    sequence-scoped adversarial sources (0: no sequence axis)."""
+    sequence-scoped adversarial sources (0: no sequence axis). `known` declares the answer a
+    decomposition should find, for the known-answer metrics and figures (toy models)."""
 
     target: Target
     frozen: hk.Params
     batches: Callable[[int], Batch]
     eval_batches: Callable[[int], Batch] | None = None
     seq_len: int = 0
+    known: KnownAnswer | None = None
 
 
 def own_kind(own: OwnTarget) -> TargetKind:
@@ -100,7 +103,8 @@ def own_kind(own: OwnTarget) -> TargetKind:
         load_frozen=lambda target: TrainedTarget(own.frozen, 0, float("nan"), from_cache=True),
         batches=lambda seed, batch, target, run_key: own.batches,
         eval_batches=lambda seed, batch, target, run_key: evaluation,
-        evaluate=evaluate_masks,
+        evaluate=partial(evaluate_masks, known=own.known),
+        known=lambda target: own.known,
     )
 
 
@@ -154,6 +158,7 @@ def kind_of(cfg: TargetConfig, own: OwnTarget | None = None) -> TargetKind:
             batches=partial(_lm_batches, cfg, False),
             eval_batches=partial(_lm_batches, cfg, bool(cfg.text)),
             evaluate=evaluate_masks,
+            known=lambda target: None,
             labels=partial(token_labels, cfg) if cfg.text else None,
         )
     return TargetKind(
@@ -166,6 +171,7 @@ def kind_of(cfg: TargetConfig, own: OwnTarget | None = None) -> TargetKind:
         evaluate=lambda recipe, state, frozen, _, run_key, cfg: evaluate_toy(
             recipe, state, frozen, run_key, cfg
         ),
+        known=lambda target: toy_answer(as_toy(target)),
     )
 
 

@@ -15,8 +15,6 @@ import jax
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from pd.ci import CIFunction, PerSiteCI
-from pd.ci.chunkwise import chunkwise_ci
 from pd.compile_times import CompileTimes, recording
 from pd.data import DataError
 from pd.init import key_tree
@@ -24,13 +22,15 @@ from pd.shard import ShardingError, initialize_distributed, make_mesh
 from pd.shard.state import frozen_shardings
 from pd.state import TrainState
 from pd.targets.base import Batch
+from pd.targets.configs import FactoryConfig
 from pd.targets.hf import CheckpointError
-from pd.targets.llama import Llama
 from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig, check_name
+from pd.train.decomposition import Decomposition
 from pd.train.evaluate import EVAL_FOLD, make_eval_step
 from pd.train.init_state import init_train_state, state_shardings
-from pd.train.kinds import Batches, OwnTarget, TargetKind, kind_of, own_kind, placed
+from pd.train.kinds import OwnTarget, TargetKind, kind_of
+from pd.train.recipe import make_batches, make_recipe
 from pd.train.rundir import check_destination, staged
 from pd.train.step import (
     Recipe,
@@ -59,35 +59,15 @@ class RunResult:
     state: TrainState
     frozen: hk.Params
     recipe: Recipe
+    kind: TargetKind
 
-
-def make_recipe(config: RunConfig, kind: TargetKind | None = None) -> Recipe:
-    """The static structure of a run (no arrays, nothing compiled); bad sizes are ConfigErrors.
-    `kind` is the configured target's unless given (a caller's own target, `OwnTarget`)."""
-    kind = kind or kind_of(config.target)
-    try:
-        target = kind.build(config.C)
-        if config.ci_fn == "chunkwise_transformer":
-            if not isinstance(target, Llama):
-                raise ConfigError(
-                    "config key 'ci_fn' is 'chunkwise_transformer', which needs a language-model "
-                    f"target, not '{config.target.kind}'"
-                )
-            cw = config.chunkwise
-            ci_fn: CIFunction = chunkwise_ci(
-                target.table,
-                target.arch.d_model,
-                cw.layers_per_chunk,
-                cw.d_model,
-                cw.n_blocks,
-                cw.n_heads,
-                cw.mlp_hidden,
-            )
-        else:
-            ci_fn = PerSiteCI(target.table, config.ci_fn, config.ci_hidden)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    return Recipe(target, ci_fn, config.loss, config.train, kind.seq_len)
+    @property
+    def decomposition(self) -> Decomposition:
+        """The trained decomposition, as `pd.load(run_dir)` gives it."""
+        s = self.state
+        return Decomposition(
+            self.config, self.recipe, self.kind, self.frozen, s.components, s.ci_params
+        )
 
 
 def make_mesh_of(config: RunConfig) -> Mesh | None:
@@ -99,22 +79,6 @@ def make_mesh_of(config: RunConfig) -> Mesh | None:
         return make_mesh({"data": m.data, "model": m.model})
     except ShardingError as err:
         raise ConfigError(f"config key 'mesh': {err}") from None
-
-
-def make_batches(
-    config: RunConfig,
-    recipe: Recipe,
-    run_key: jax.Array,
-    mesh: Mesh | None,
-    evaluation: bool = False,
-    kind: TargetKind | None = None,
-) -> Batches:
-    """The global batch of a step, a pure function of `(seed, step)` (S18), placed on the mesh;
-    with `evaluation`, of `eval.batch` examples from the held-out data where the target has it."""
-    kind = kind or kind_of(config.target)
-    make = kind.eval_batches if evaluation else kind.batches
-    size = config.eval.batch if evaluation else config.train.batch
-    return placed(make(config.seed, size, recipe.target, run_key), mesh)
 
 
 def _train(
@@ -173,7 +137,10 @@ def run(
     if out is None:
         check_name(config.name)  # the name becomes a path
     run_dir = Path(out) if out is not None else Path("runs") / config.name
-    kind = own_kind(own) if own is not None else kind_of(config.target)
+    kind = kind_of(config.target, own)  # a factory's target is built here, once
+    if own is not None and not isinstance(config.target, FactoryConfig):
+        # Recorded as a target given in Python: pd.load asks for it again.
+        config = dataclasses.replace(config, target=FactoryConfig())
     recipe = make_recipe(config, kind)  # validates the site specs before anything is written
     if config.distributed.coordinator:  # before anything starts a jax backend
         d = config.distributed
@@ -210,6 +177,7 @@ def run(
             batches = make_batches(config, recipe, run_key, mesh, kind=kind)
             state = _train(recipe, state, frozen, batches, run_key, tmp_dir, shardings)
             checkpoint.save(tmp_dir / "decomposition.npz", (state.components, state.ci_params))
+            checkpoint.save_frozen(tmp_dir / "frozen.npz", trained.params)
             eval_batches = make_batches(config, recipe, run_key, mesh, True, kind)
             summary = kind.evaluate(recipe, state, frozen, eval_batches, run_key, config.eval)
             summary["target/attempt"] = float(trained.attempt)
@@ -223,8 +191,9 @@ def run(
                 from pd.train.figures import write_figures  # matplotlib only when drawing
 
                 x = eval_batches(EVAL_FOLD)
-                write_figures(recipe, state, frozen, x, tmp_dir, kind.labels)
-    return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe)
+                known = kind.known(recipe.target)
+                write_figures(recipe, state, frozen, x, tmp_dir, kind.labels, known)
+    return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe, kind)
 
 
 def summary_table(summary: dict[str, float]) -> str:
@@ -241,4 +210,12 @@ def summary_table(summary: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Diverged", "OwnTarget", "RunResult", "make_recipe", "run", "summary_table"]
+__all__ = [
+    "Diverged",
+    "OwnTarget",
+    "RunResult",
+    "make_batches",
+    "make_recipe",
+    "run",
+    "summary_table",
+]

@@ -1,0 +1,57 @@
+"""The static structure of a run (`make_recipe`) and its batches (`make_batches`), shared by
+`run`, `pd.load` and `--compile-only`."""
+
+import jax
+from jax.sharding import Mesh
+
+from pd.ci import CIFunction, PerSiteCI
+from pd.ci.chunkwise import chunkwise_ci
+from pd.targets.llama import Llama
+from pd.train.config import ConfigError, RunConfig
+from pd.train.kinds import Batches, TargetKind, kind_of, placed
+from pd.train.step import Recipe
+
+
+def make_recipe(config: RunConfig, kind: TargetKind | None = None) -> Recipe:
+    """The static structure of a run (no arrays, nothing compiled); bad sizes are ConfigErrors.
+    `kind` is the configured target's unless given (a caller's own target, `OwnTarget`)."""
+    kind = kind or kind_of(config.target)
+    try:
+        target = kind.build(config.C)
+        if config.ci_fn == "chunkwise_transformer":
+            if not isinstance(target, Llama):
+                raise ConfigError(
+                    "config key 'ci_fn' is 'chunkwise_transformer', which needs a language-model "
+                    f"target, not '{config.target.kind}'"
+                )
+            cw = config.chunkwise
+            ci_fn: CIFunction = chunkwise_ci(
+                target.table,
+                target.arch.d_model,
+                cw.layers_per_chunk,
+                cw.d_model,
+                cw.n_blocks,
+                cw.n_heads,
+                cw.mlp_hidden,
+            )
+        else:
+            ci_fn = PerSiteCI(target.table, config.ci_fn, config.ci_hidden)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return Recipe(target, ci_fn, config.loss, config.train, kind.seq_len)
+
+
+def make_batches(
+    config: RunConfig,
+    recipe: Recipe,
+    run_key: jax.Array,
+    mesh: Mesh | None,
+    evaluation: bool = False,
+    kind: TargetKind | None = None,
+) -> Batches:
+    """The global batch of a step, a pure function of `(seed, step)` (S18), placed on the mesh;
+    with `evaluation`, of `eval.batch` examples from the held-out data where the target has it."""
+    kind = kind or kind_of(config.target)
+    make = kind.eval_batches if evaluation else kind.batches
+    size = config.eval.batch if evaluation else config.train.batch
+    return placed(make(config.seed, size, recipe.target, run_key), mesh)
