@@ -38,10 +38,34 @@ def stacked(x: Float[Array, "B 6"]) -> Float[Array, "B 2"]:
     return hk.Linear(2, name="readout")(h)
 
 
+class Dense(hk.Module):
+    """A user's own linear module, not an hk.Linear: `x @ w + b` from its own parameters."""
+
+    def __init__(self, size: int, name: str | None = None):
+        super().__init__(name=name)
+        self.size = size
+
+    def __call__(self, x: Float[Array, "B d"]) -> Float[Array, "B e"]:
+        w = hk.get_parameter("w", (x.shape[-1], self.size), init=hk.initializers.RandomNormal())
+        return x @ w + hk.get_parameter("b", (self.size,), init=jnp.ones)
+
+
+class Squashed(Dense):
+    """A module with a `w` whose output is not linear in it: not a site."""
+
+    def __call__(self, x: Float[Array, "B d"]) -> Float[Array, "B e"]:
+        return jnp.tanh(super().__call__(x))
+
+
+def own_modules(x: Float[Array, "B 6"]) -> Float[Array, "B 3"]:
+    return Dense(3, name="dense_out")(Squashed(5, name="squashed")(Dense(5, name="dense_in")(x)))
+
+
 CASES: list[tuple[Fn, tuple[int, ...], dict[str, int], int]] = [
     (mlp, (5, 6), {"mlp/~/linear_*": 4}, 3),
     (attention_block, (2, 4, 8), {"attn/query": 3, "attn/value": 3, "up": 5, "out": 5}, 4),
     (stacked, (5, 6), {"stack/*": 4, "readout": 2}, 7),
+    (own_modules, (5, 6), {"dense_*": 3}, 2),
 ]
 
 
@@ -112,3 +136,12 @@ def test_a_pattern_that_matches_nothing_names_the_modules() -> None:
     params = hk.transform(mlp).init(jax.random.key(0), x)
     with pytest.raises(ValueError, match=r"'mlp/linear_\*'.*mlp/~/linear_0"):
         haiku_target(mlp, params, x, {"mlp/linear_*": 4})
+
+
+def test_a_module_with_a_w_it_is_not_linear_in_is_not_a_site() -> None:
+    x = jax.random.normal(jax.random.key(0), (4, 6))
+    params = hk.transform(own_modules).init(jax.random.key(1), x)
+    target = haiku_target(own_modules, params, x, {"dense_*": 3})
+    assert [lin.path for lin, _ in target.linears] == ["dense_in", "dense_out"]
+    with pytest.raises(ValueError, match=r"'squashed' matches no linear module, expected one of"):
+        haiku_target(own_modules, params, x, {"squashed": 3})

@@ -1,10 +1,11 @@
-"""Any haiku model as a Target: its `hk.Linear` modules, chosen by module-name patterns, become
-decomposed sites.
+"""Any haiku model as a Target: its `hk.Linear` modules (and any module whose call computes
+`x @ w (+ b)` from its own parameter `w`), chosen by module-name patterns, become decomposed
+sites.
 
     target = haiku_target(fn, params, x, {"mlp/~/linear_*": 20}, divergence="mse")
 
 `fn` is the function a user would give `hk.transform` (its parameters `params`, an example
-input `x`). Every `hk.Linear` call is intercepted with `hk.intercept_methods`: a site's call
+input `x`). Every call of a linear module is intercepted with `hk.intercept_methods`: a site's call
 runs pd's site hook on the module's own `w` (its bias `b`, if any, stays frozen and is added
 after), any other call runs unchanged. A module inside `hk.layer_stack` gives one site per
 layer: pd's per-layer arrays (`LayerSites`) enter the model as haiku state of that module,
@@ -33,8 +34,8 @@ _SITE = "pd_site_"  # state entries holding a module's LayerSites leaves, number
 
 @dataclass(frozen=True)
 class Linear:
-    """An `hk.Linear` module the model calls: its parameter path, sizes and its layer-stack
-    depth (0 outside a layer stack)."""
+    """A linear module the model calls: its parameter path, sizes and its layer-stack depth
+    (0 outside a layer stack)."""
 
     path: str
     d_in: int
@@ -43,7 +44,9 @@ class Linear:
 
 
 def find_linears(fn: Callable[[Batch], Output], params: hk.Params, x: Batch) -> dict[str, Linear]:
-    """The `hk.Linear` modules `fn` calls, by parameter path, in call order (shapes only)."""
+    """The linear modules `fn` calls, by parameter path, in call order: every `hk.Linear`, and
+    any other module called on one array whose output on `x` is `x @ w (+ b)` of its own
+    parameters (checked on `x`; a module that is not linear in its `w` is not a site)."""
 
     def record(
         next_f: Callable[..., object],
@@ -51,18 +54,25 @@ def find_linears(fn: Callable[[Batch], Output], params: hk.Params, x: Batch) -> 
         kwargs: Mapping[str, object],
         ctx: hk.MethodContext,
     ) -> object:
-        if _linear_call(ctx):
-            hk.set_state(_TAP, jnp.zeros((), jnp.float32))
+        out = next_f(*args, **kwargs)
+        if _linear_call(ctx, args, kwargs):
             calls.append(ctx.module.module_name)  # a name, at trace time
-        return next_f(*args, **kwargs)
+            (inputs,) = args
+            assert isinstance(inputs, jax.Array) and isinstance(out, jax.Array)
+            expected = _linear(ctx.module, inputs)
+            error = jnp.max(jnp.abs(out - expected)) / (jnp.max(jnp.abs(expected)) + 1e-6)
+            hk.set_state(_TAP, error)
+        return out
 
     def traced(x: Batch) -> Output:
         with hk.intercept_methods(record):
             return fn(x)
 
     calls: list[str] = []
-    _, state = jax.eval_shape(hk.transform_with_state(traced).apply, params, {}, None, x)
+    _, state = jax.jit(hk.transform_with_state(traced).apply)(params, {}, None, x)
+    # hk.Linear computes exactly x @ w + b; another module counts when it agrees to rounding.
     paths = [path for path, entries in state.items() if _TAP in entries]
+    paths = [p for p in paths if float(jnp.max(state[p][_TAP])) < 1e-4]
     order = {p: next(i for i, n in enumerate(calls) if _called_as(p, n)) for p in paths}
     found = {}
     for path in sorted(paths, key=order.__getitem__):
@@ -72,7 +82,7 @@ def find_linears(fn: Callable[[Batch], Output], params: hk.Params, x: Batch) -> 
         clash = [p for p in paths if p != path and _called_as(p, path.rsplit("/", 1)[-1])]
         if found[path].n_layers and clash:
             raise ValueError(
-                f"hk.Linear modules {path!r} and {clash[0]!r} run under one module name, "
+                f"linear modules {path!r} and {clash[0]!r} run under one module name, "
                 "expected distinct names"
             )
     return found
@@ -80,7 +90,7 @@ def find_linears(fn: Callable[[Batch], Output], params: hk.Params, x: Batch) -> 
 
 @dataclass(frozen=True)
 class HaikuTarget(TargetBase):
-    """A user's haiku model with the `hk.Linear` modules of `linears` decomposed."""
+    """A user's haiku model with the linear modules of `linears` decomposed."""
 
     fn: Callable[[Batch], Output]
     linears: tuple[tuple[Linear, int], ...]  # decomposed modules and their C
@@ -145,7 +155,7 @@ class HaikuTarget(TargetBase):
             kwargs: Mapping[str, object],
             ctx: hk.MethodContext,
         ) -> object:
-            if not _linear_call(ctx):
+            if not _linear_call(ctx, args, kwargs):
                 return next_f(*args, **kwargs)
             path = _param_path(ctx.module, decomposed)
             if path is None:
@@ -168,8 +178,25 @@ class HaikuTarget(TargetBase):
             return self.fn(x)
 
 
-def _linear_call(ctx: hk.MethodContext) -> bool:
-    return isinstance(ctx.module, hk.Linear) and ctx.method_name == "__call__"
+def _linear_call(
+    ctx: hk.MethodContext, args: tuple[object, ...], kwargs: Mapping[str, object]
+) -> bool:
+    """A call that may be a linear site: `__call__` on one array, of an `hk.Linear` or of a
+    module with a parameter `w` of its own."""
+    if ctx.method_name != "__call__" or kwargs or len(args) != 1:
+        return False
+    if isinstance(ctx.module, hk.Linear):
+        return True
+    w = ctx.module.params_dict().get(f"{ctx.module.module_name}/w")
+    return isinstance(args[0], jax.Array) and w is not None and w.ndim == 2
+
+
+def _linear(module: hk.Module, inputs: jax.Array) -> jax.Array:
+    """`inputs @ w (+ b)` with the module's own parameters."""
+    params = module.params_dict()
+    y = inputs @ params[f"{module.module_name}/w"]
+    b = params.get(f"{module.module_name}/b")
+    return y if b is None else y + b
 
 
 def _called_as(path: str, name: str) -> bool:
@@ -191,8 +218,8 @@ def haiku_target(
     sites: Mapping[str, int],
     divergence: Divergence = "mse",
 ) -> HaikuTarget:
-    """A Target decomposing the `hk.Linear` modules of `fn` whose parameter paths match a
-    pattern of `sites` (pattern → C; the first matching pattern gives C)."""
+    """A Target decomposing the linear modules of `fn` (`find_linears`) whose parameter paths
+    match a pattern of `sites` (pattern → C; the first matching pattern gives C)."""
     found = find_linears(fn, params, x)
     chosen = []
     for path, lin in found.items():
@@ -202,7 +229,7 @@ def haiku_target(
     unmatched = [p for p in sites if not any(fnmatch.fnmatchcase(q, p) for q in found)]
     if unmatched:
         raise ValueError(
-            f"site pattern {unmatched[0]!r} matches no hk.Linear module, expected one of "
+            f"site pattern {unmatched[0]!r} matches no linear module, expected one of "
             f"{', '.join(found)}"
         )
     return HaikuTarget(fn, tuple(chosen), divergence)
