@@ -5,6 +5,7 @@ from typing import Literal
 
 from pd.targets.resid_mlp import ResidMLP
 from pd.targets.tms import TMS
+from pd.validate import Validated
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,10 @@ class TrainsInProcess:
 
 
 @dataclass(frozen=True)
-class TMSConfig(TrainsInProcess):
+class TMSConfig(TrainsInProcess, Validated):
+    NON_NEGATIVE = frozenset({"n_identity", "seed"})
+    FRACTIONS = frozenset({"feature_prob"})
+
     kind: Literal["tms"] = "tms"
     n_features: int = 5
     n_hidden: int = 2
@@ -53,7 +57,10 @@ class TMSConfig(TrainsInProcess):
 
 
 @dataclass(frozen=True)
-class ResidMLPConfig(TrainsInProcess):
+class ResidMLPConfig(TrainsInProcess, Validated):
+    NON_NEGATIVE = frozenset({"seed"})
+    FRACTIONS = frozenset({"feature_prob"})
+
     kind: Literal["resid_mlp"] = "resid_mlp"
     n_features: int = 100
     d_embed: int = 1000
@@ -78,8 +85,10 @@ LLAMA_KINDS: tuple[LlamaKind, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 @dataclass(frozen=True)
-class KindC:
+class KindC(Validated):
     """C per site kind; 0 takes the run's C."""
+
+    NON_NEGATIVE = frozenset(LLAMA_KINDS)
 
     q: int = 0
     k: int = 0
@@ -91,7 +100,7 @@ class KindC:
 
 
 @dataclass(frozen=True)
-class LlamaConfig(TrainsInProcess):
+class LlamaConfig(TrainsInProcess, Validated):
     """A Llama-style language model: loaded from a local Hugging Face directory or a `.gguf`
     file (`checkpoint`), or, when that is empty, built from the sizes below and trained
     in-process on `tokens` (a `.npy` / `.bin` token file) or, when that is empty too, on the
@@ -103,6 +112,9 @@ class LlamaConfig(TrainsInProcess):
     (`pd.text.tokenize_files`).
     Paths may name a file of an installed package: `package:NAME/PATH` (`pd.data.local_file`).
     """
+
+    NON_NEGATIVE = frozenset({"seed", "layers"})  # layers count from 0
+    FRACTIONS = frozenset({"held_out"})
 
     kind: Literal["llama"] = "llama"
     checkpoint: str = ""
@@ -134,7 +146,7 @@ class LlamaConfig(TrainsInProcess):
 
 
 @dataclass(frozen=True)
-class FactoryConfig:
+class FactoryConfig(Validated):
     """A target of the user's own: `factory` names a function, `"package.module:function"`,
     that takes no arguments and returns a `pd.train.OwnTarget` (the target, its frozen
     parameters and its batches). Empty when the target was given to `run(own=...)` in Python.

@@ -1,4 +1,5 @@
-"""Typed run configuration: presets, TOML files, `--set` overrides, and validation.
+"""Typed run configuration: the dataclasses, which validate themselves when constructed
+(`pd.validate`), and the presets, TOML files and `--set` overrides built through them.
 
 Every error is a `ConfigError` whose message is one sentence naming the field, the value and
 what was expected; it is raised before anything is compiled or written.
@@ -6,7 +7,6 @@ what was expected; it is raised before anything is compiled or written.
 
 import dataclasses
 import difflib
-import math
 import re
 import tomllib
 import types
@@ -26,17 +26,14 @@ from pd.targets.configs import (
     TMSConfig,
 )
 from pd.train.schedule import Schedule
-
-
-class ConfigError(ValueError):
-    """A bad configuration, described in one sentence."""
-
+from pd.validate import ConfigError as ConfigError
+from pd.validate import FieldError, Validated
 
 CIKind = Literal["mlp", "vector_mlp", "shared_mlp", "chunkwise_transformer"]
 
 
 @dataclass(frozen=True)
-class ReconTerm:
+class ReconTerm(Validated):
     """One stochastic-reconstruction term: a plan, its coefficient, and `k` for `chunks(k)`."""
 
     plan: PlanKind
@@ -49,8 +46,10 @@ class ReconTerm:
 
 
 @dataclass(frozen=True)
-class AdversaryConfig:
+class AdversaryConfig(Validated):
     """The persistent adversarial reconstruction term (SPEC §6); coeff 0 turns it off."""
+
+    NON_NEGATIVE = frozenset({"n_warmup"})
 
     coeff: float = 0.0
     scope: Scope = "c"
@@ -62,7 +61,7 @@ class AdversaryConfig:
 
 
 @dataclass(frozen=True)
-class LossConfig:
+class LossConfig(Validated):
     faithfulness: float = 1.0
     importance: float = 3e-3
     p: Schedule = Schedule(1.0)
@@ -74,11 +73,21 @@ class LossConfig:
     adversary: AdversaryConfig = AdversaryConfig()
     ci_masked: float = 0.0  # trains the CI-masked monitor (SPEC §5) with this coefficient
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.p.warmup_pct > 0:
+            raise FieldError("p.warmup_pct", self.p.warmup_pct, "0 (p has no warmup, SPEC §5)")
+        if self.p.start <= 0:
+            why = "p ≤ 0 removes the sparsity pressure"
+            raise FieldError("p.start", self.p.start, f"a positive number ({why})")
+
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Validated):
+    NON_NEGATIVE = frozenset({"faith_warmup_steps"})
+
     steps: int = 10_000
-    batch: int = 4096
+    batch: int = 1024
     lr: Schedule = Schedule(1e-3, kind="cosine", final_frac=0.0)
     ci_lr: Schedule = Schedule(1e-3, kind="cosine", final_frac=0.0)
     grad_clip: float = 0.0  # 0 turns the components' global-norm clip off
@@ -91,16 +100,23 @@ class TrainConfig:
     # CPU, where two bodies run side by side.
     unroll: int = 1
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key, schedule in (("lr", self.lr), ("ci_lr", self.ci_lr)):
+            if schedule.start <= 0:
+                want = "a positive number (a zero learning rate trains nothing)"
+                raise FieldError(f"{key}.start", schedule.start, want)
+
 
 @dataclass(frozen=True)
-class EvalConfig:
+class EvalConfig(Validated):
     n_samples: int = 100_000
     batch: int = 10_000
     figures: bool = True
 
 
 @dataclass(frozen=True)
-class CompileConfig:
+class CompileConfig(Validated):
     """The persistent compilation cache: off while `cache_dir` is empty."""
 
     cache_dir: str = ""
@@ -108,7 +124,7 @@ class CompileConfig:
 
 
 @dataclass(frozen=True)
-class ChunkwiseConfig:
+class ChunkwiseConfig(Validated):
     """The chunkwise-transformer CI function (SPEC §4.1): one chunk per `layers_per_chunk`
     layers, reading the residual stream entering each of its layers."""
 
@@ -120,7 +136,7 @@ class ChunkwiseConfig:
 
 
 @dataclass(frozen=True)
-class MeshConfig:
+class MeshConfig(Validated):
     """The device mesh `(data, model)`; the default is one device."""
 
     data: int = 1
@@ -128,8 +144,10 @@ class MeshConfig:
 
 
 @dataclass(frozen=True)
-class DistributedConfig:
+class DistributedConfig(Validated):
     """Multi-process JAX, from explicit settings only; off while `coordinator` is empty."""
+
+    NON_NEGATIVE = frozenset({"process_id"})
 
     coordinator: str = ""
     num_processes: int = 1
@@ -137,12 +155,18 @@ class DistributedConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    name: str
+class RunConfig(Validated):
+    """A whole run. The defaults are the TMS 5-2 recipe: `RunConfig()` decomposes TMS 5-2 as
+    the `tms_5-2` preset does (its file gives the reasons), which adds only its name and the
+    CPU-only `train.unroll = 2`."""
+
+    NON_NEGATIVE = frozenset({"seed"})
+
+    name: str = "run"
     seed: int = 0
     target: TargetConfig = field(default_factory=TMSConfig)
     C: int = 20
-    ci_fn: CIKind = "mlp"
+    ci_fn: CIKind = "vector_mlp"
     ci_hidden: tuple[int, ...] = (16,)
     chunkwise: ChunkwiseConfig = ChunkwiseConfig()
     loss: LossConfig = LossConfig()
@@ -152,105 +176,9 @@ class RunConfig:
     mesh: MeshConfig = MeshConfig()
     distributed: DistributedConfig = DistributedConfig()
 
-
-# Integers that may be zero; every other integer must be positive.
-_NON_NEGATIVE_INTS = {"seed", "n_identity", "faith_warmup_steps", "n_warmup", "process_id"}
-# Floats that must lie in [0, 1].
-_FRACTIONS = {"feature_prob", "warmup_pct", "final_frac", "held_out"}
-
-_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-
-
-def _describe(tp: object) -> str:
-    if tp in _TYPE_WORDS:
-        return _TYPE_WORDS[tp]
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) is tuple:
-        return "a list"
-    return "a table"
-
-
-def _check_scalar(path: str, value: object, tp: object) -> object:
-    name = path.rsplit(".", 1)[-1]
-    if typing.get_origin(tp) is Literal:
-        if value not in typing.get_args(tp):
-            raise ConfigError(f"config key '{path}' is {value!r}, expected {_describe(tp)}")
-        return value
-    ok = (
-        (tp is bool and isinstance(value, bool))
-        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
-        or (tp is float and isinstance(value, int | float) and not isinstance(value, bool))
-        or (tp is str and isinstance(value, str))
-    )
-    if not ok:
-        raise ConfigError(
-            f"config key '{path}' is {value!r} ({type(value).__name__}), expected {_describe(tp)}"
-        )
-    # A kind's C of 0 takes the run's C.
-    may_be_zero = name in _NON_NEGATIVE_INTS or path.startswith("target.kind_C.")
-    if tp is int and not (value >= 0 if may_be_zero else value > 0):  # type: ignore[operator]  # value is an int here
-        word = "a non-negative" if may_be_zero else "a positive"
-        raise ConfigError(f"config key '{path}' is {value!r}, expected {word} integer")
-    if tp is float:
-        value = float(value)  # type: ignore[arg-type]  # checked to be int | float above
-        hi = 1.0 if name in _FRACTIONS else float("inf")
-        if not (math.isfinite(value) and 0.0 <= value <= hi):
-            want = "a number in [0, 1]" if name in _FRACTIONS else "a finite non-negative number"
-            raise ConfigError(f"config key '{path}' is {value!r}, expected {want}")
-    return value
-
-
-def _build(tp: object, value: object, path: str) -> object:
-    """Build a value of type `tp` from parsed TOML, or raise a one-sentence ConfigError."""
-    if tp is TargetConfig or (typing.get_origin(tp) in (types.UnionType, typing.Union)):
-        kinds: dict[str, type] = {
-            "tms": TMSConfig,
-            "resid_mlp": ResidMLPConfig,
-            "llama": LlamaConfig,
-            "own": FactoryConfig,
-        }
-        default = "own" if isinstance(value, dict) and "factory" in value else "tms"
-        kind = value.get("kind", default) if isinstance(value, dict) else None
-        if kind not in kinds:
-            raise ConfigError(
-                f"config key '{path}.kind' is {kind!r}, "
-                f"expected one of {', '.join(map(repr, kinds))}"
-            )
-        return _build(kinds[kind], value, path)
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(value, dict):
-            raise ConfigError(f"config key '{path}' is {value!r}, expected a table")
-        hints = typing.get_type_hints(tp)
-        names = [f.name for f in dataclasses.fields(tp) if f.init]
-        kwargs = {}
-        for key, item in value.items():
-            sub = f"{path}.{key}" if path else key
-            if key not in names:
-                close = difflib.get_close_matches(key, names, n=1)
-                hint = (
-                    f"; did you mean '{close[0]}'" if close else f"; known keys: {', '.join(names)}"
-                )
-                raise ConfigError(f"unknown config key '{sub}'{hint}")
-            kwargs[key] = _build(hints[key], item, sub)
-        missing = [
-            f.name
-            for f in dataclasses.fields(tp)
-            if f.init
-            and f.default is dataclasses.MISSING
-            and f.default_factory is dataclasses.MISSING
-            and f.name not in kwargs
-        ]
-        if missing:
-            prefix = f"{path}." if path else ""
-            raise ConfigError(f"config key '{prefix}{missing[0]}' is missing, expected a value")
-        return tp(**kwargs)
-    if typing.get_origin(tp) is tuple:
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"config key '{path}' is {value!r}, expected a list")
-        (item_tp, _) = typing.get_args(tp)
-        return tuple(_build(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
-    return _check_scalar(path, value, tp)
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_name(self.name)
 
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -260,32 +188,73 @@ def check_name(name: str) -> None:
     """A run name is one path component (it names a folder under runs/): letters, digits and
     `._-`, and not `.` or `..`."""
     if not _RUN_NAME.fullmatch(name) or name in (".", ".."):
-        raise ConfigError(
-            f"config key 'name' is {name!r}, expected one folder name of letters, digits, "
-            "'.', '_' and '-' (not '.' or '..')"
-        )
+        want = "one folder name of letters, digits, '.', '_' and '-' (not '.' or '..')"
+        raise FieldError("name", name, want)
+
+
+_TARGET_KINDS: dict[str, type[TargetConfig]] = {
+    "tms": TMSConfig,
+    "resid_mlp": ResidMLPConfig,
+    "llama": LlamaConfig,
+    "own": FactoryConfig,
+}
+
+
+def _build(tp: object, value: object, path: str, default: object = None) -> object:
+    """A value of type `tp` from parsed TOML at `path`. A table overlays `default`, the value
+    the key has without it (so `--set train.lr.start=0.01` keeps the default schedule's kind);
+    the constructors check every value."""
+    if typing.get_origin(tp) is types.UnionType:  # the target kinds, told apart by `kind`
+        implied = "own" if isinstance(value, dict) and "factory" in value else "tms"
+        kind = value.get("kind", implied) if isinstance(value, dict) else None
+        if kind not in _TARGET_KINDS:
+            want = "one of " + ", ".join(map(repr, _TARGET_KINDS))
+            raise ConfigError(f"config key '{path}.kind' is {kind!r}, expected {want}")
+        cls = _TARGET_KINDS[kind]
+        return _build(cls, value, path, default if isinstance(default, cls) else None)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{path}' is {value!r}, expected a table")
+        fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
+        kwargs = {k: getattr(default, k) for k in fields} if default is not None else {}
+        for key, item in value.items():
+            sub = f"{path}.{key}" if path else key
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=1)
+                hint = f"did you mean '{close[0]}'" if close else f"known keys: {', '.join(fields)}"
+                raise ConfigError(f"unknown config key '{sub}'; {hint}")
+            kwargs[key] = _build(
+                fields[key].type, item, sub, kwargs.get(key, _default_of(fields[key]))
+            )
+        missing = [k for k, f in fields.items() if k not in kwargs and _default_of(f) is None]
+        if missing:
+            prefix = f"{path}." if path else ""
+            raise ConfigError(f"config key '{prefix}{missing[0]}' is missing, expected a value")
+        try:
+            return tp(**kwargs)
+        except FieldError as err:
+            raise err.under(path) from None
+    if typing.get_origin(tp) is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"config key '{path}' is {value!r}, expected a list")
+        (item_tp, _) = typing.get_args(tp)
+        return tuple(_build(item_tp, item, f"{path}[{i}]") for i, item in enumerate(value))
+    return value
+
+
+def _default_of(f: dataclasses.Field[object]) -> object:
+    """The default of a field, or None when it has none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
 
 
 def from_dict(data: dict[str, object]) -> RunConfig:
     """A validated RunConfig from a nested dict (as parsed from TOML)."""
     config = _build(RunConfig, data, "")
     assert isinstance(config, RunConfig)
-    check_name(config.name)
-    if config.loss.p.warmup_pct > 0:
-        raise ConfigError(
-            f"config key 'loss.p.warmup_pct' is {config.loss.p.warmup_pct!r}, expected 0 "
-            "(p has no warmup, SPEC §5)"
-        )
-    # Values the checks above allow but that make the method meaningless.
-    for key, value, why in (
-        ("loss.p.start", config.loss.p.start, "p ≤ 0 removes the sparsity pressure"),
-        ("train.lr.start", config.train.lr.start, "a zero learning rate trains nothing"),
-        ("train.ci_lr.start", config.train.ci_lr.start, "a zero learning rate trains nothing"),
-    ):
-        if value <= 0:
-            raise ConfigError(
-                f"config key '{key}' is {value!r}, expected a positive number ({why})"
-            )
     return config
 
 

@@ -7,10 +7,14 @@ from typing import Literal
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from pd.validate import Validated
+
 
 @dataclass(frozen=True)
-class Schedule:
+class Schedule(Validated):
     """Linear warmup from 0, then `constant`, `linear` or `cosine` decay to `start·final_frac`."""
+
+    FRACTIONS = frozenset({"warmup_pct", "final_frac"})
 
     start: float
     warmup_pct: float = 0.0
