@@ -1,5 +1,6 @@
 """Bad input stops with exit status 2 and one sentence, before any compile, writing nothing."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -238,31 +239,41 @@ def test_bad_gguf_files_and_packages_of_the_smollm2_preset_stop_before_any_compi
 
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_during_training_exits_with_its_status_and_keeps_the_old_run(
+def test_a_signal_during_training_saves_a_checkpoint_and_resume_finishes_the_run(
     tmp_path: Path, sig: signal.Signals, status: int
 ) -> None:
-    """SIGTERM (a scheduler) or SIGINT (Ctrl-C) in the middle of training: one sentence, exit
-    status 143 / 130, the temporary run folder removed and the earlier run left as it was."""
+    """SIGTERM (a scheduler) or SIGINT (Ctrl-C) in the middle of training: a checkpoint of the
+    last finished step, one sentence saying how to resume, exit status 143 / 130, the earlier
+    run left as it was; `--resume` then finishes the run and replaces it."""
     old = tmp_path / "run"
     old.mkdir()
     (old / MARKER).write_text("")
     (old / "summary.json").write_text('{"kept": 1}')
-    tiny = ["train.steps=100000", "train.batch=64", "train.log_every=5"]
+    tiny = ["train.steps=400", "train.batch=64", "train.log_every=5", "eval.figures=false"]
     tiny += ["train.faith_warmup_steps=0", "target.train_steps=1500", "target.train_batch=1024"]
+    tiny += ["eval.n_samples=1000", "eval.batch=1000"]
     sets = [a for t in tiny for a in ("--set", t)]
     argv = [sys.executable, "-m", "pd.train", "tms_5-2", *sets, "--out", str(old), "--overwrite"]
     with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
         deadline = time.monotonic() + 300
-        while not list(tmp_path.glob(".run.tmp-*/metrics.jsonl")):  # training has started
+        metrics = tmp_path / ".run.partial" / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):  # training
             assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
+            time.sleep(0.1)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == status, err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("error: stopped by ") and "no run folder was written" in last, last
+    assert last.startswith("error: stopped by ") and "the run is kept in" in last, last
+    assert last.endswith("--overwrite --resume"), last
     assert (old / "summary.json").read_text() == '{"kept": 1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.partial", "run"]
+    done = subprocess.run([*argv, "--resume"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    rows = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [*range(0, 400, 5), 399]
+    assert "resumed from the checkpoint of step" in done.stderr
 
 
 def test_a_token_file_shorter_than_a_window_is_one_sentence(

@@ -1,27 +1,25 @@
-"""`python -m pd.train PRESET_OR_FILE [--set key=value ...] [--out DIR] [--overwrite]`."""
+"""`python -m pd.train PRESET_OR_FILE [--set key=value ...] [--out DIR] [--overwrite] [--resume]`.
+
+Exit status: 0 done; 2 a bad input (one sentence, before anything is compiled or written);
+3 training diverged; 130 / 143 stopped by Ctrl-C / SIGTERM (with a checkpoint to resume from,
+once one was saved).
+"""
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 import jax
 
 from pd.log import setup_logging
 from pd.train.config import ConfigError, RunConfig, load_config, preset_names
 from pd.train.run import Diverged, run, summary_table
-from pd.train.rundir import check_destination
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the run is, so that it unwinds as Ctrl-C does."""
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise Terminated
+from pd.train.rundir import check_destination, checkpoint_steps, partial_dir
+from pd.train.signals import Terminated, raise_terminated
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/NAME)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue an interrupted run from its checkpoint"
+    )
     parser.add_argument(
         "--compile-only",
         action="store_true",
@@ -42,20 +43,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.compile_only:
             return _compile_only(config)
         out = args.out if args.out is not None else Path("runs") / config.name
-        check_destination(out, args.overwrite)
+        check_destination(out, args.overwrite, args.resume)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     setup_logging()
-    # SIGTERM (a scheduler's stop) unwinds like Ctrl-C, so the staged run folder is removed.
-    # Installed once the backend has started: starting it replaces an earlier handler. SIGINT
+    # SIGTERM (a scheduler's stop) unwinds like Ctrl-C; during training the step in flight
+    # finishes and a checkpoint is saved first (pd.train.signals). Installed once the backend
+    # has started: starting it replaces an earlier handler. SIGINT
     # raises KeyboardInterrupt even where the shell started pd with it ignored (a background
     # job of a script), so that `kill -INT` stops a run too.
     jax.devices()
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        result = run(config, out, overwrite=args.overwrite)
+        result = run(config, out, overwrite=args.overwrite, resume=args.resume)
     except ConfigError as err:  # found once the target or data is opened, before any compile
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -64,9 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except (KeyboardInterrupt, Terminated) as err:
         how = "by SIGTERM" if isinstance(err, Terminated) else "by Ctrl-C"
-        print(
-            f"error: stopped {how}; no run folder was written ({out} is as it was)", file=sys.stderr
-        )
+        steps = checkpoint_steps(partial_dir(out))
+        if steps:
+            again = " ".join([*map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+            kept = (
+                f"the run is kept in {partial_dir(out)} (checkpoint at step {steps[-1]}); "
+                f"continue it with: python -m pd.train {again.replace(' --resume', '')} --resume"
+            )
+        else:
+            kept = f"no run folder was written ({out} is as it was)"
+        print(f"error: stopped {how}; {kept}", file=sys.stderr)
         return 143 if isinstance(err, Terminated) else 130
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -84,7 +84,7 @@ class LossConfig(Validated):
 
 @dataclass(frozen=True)
 class TrainConfig(Validated):
-    NON_NEGATIVE = frozenset({"faith_warmup_steps"})
+    NON_NEGATIVE = frozenset({"faith_warmup_steps", "checkpoint_every"})
 
     steps: int = 10_000
     batch: int = 1024
@@ -95,6 +95,10 @@ class TrainConfig(Validated):
     faith_warmup_lr: float = 0.01
     faith_warmup_wd: float = 0.1
     log_every: int = 100
+    # The whole train state is saved (orbax) every this many steps, at the end, and when a run
+    # is stopped by Ctrl-C or SIGTERM; 0 saves only then. `resume` continues the latest.
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 2
     # Loop bodies per iteration in the step (JAX's scan `unroll`, see pd/loops.py): the program
     # holds that many copies of each body, whatever the depth. 2 is faster for small models on a
     # CPU, where two bodies run side by side.

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jaxtyping import Array, Key
 
 from pd.adversary import Sources, init_source_adam, init_sources, scope_shape
@@ -64,6 +64,26 @@ def state_shardings(recipe: Recipe, mesh: Mesh) -> TrainState:
     return train_state_shardings(
         abstract, vu_shardings(recipe.table, mesh), ci_params, sources, mesh
     )
+
+
+def abstract_state(recipe: Recipe, mesh: Mesh | None) -> TrainState:
+    """The state's shapes and dtypes, each leaf with the placement a run on `mesh` gives it
+    (one device without a mesh): what a checkpoint is restored into."""
+    abstract: TrainState = jax.eval_shape(
+        lambda: initial_state(recipe, jax.random.key(0), jax.random.key(1))
+    )
+    if mesh is None:
+        shardings: TrainState = jax.tree.map(
+            lambda _: SingleDeviceSharding(jax.devices()[0]), abstract
+        )
+    else:
+        shardings = state_shardings(recipe, mesh)
+    # ShapeDtypeStruct's constructor is unannotated upstream.
+    struct: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct
+    placed: TrainState = jax.tree.map(
+        lambda a, s: struct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+    return placed
 
 
 InitFn = Callable[[Key[Array, ""], Key[Array, ""]], TrainState]

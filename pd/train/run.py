@@ -28,10 +28,12 @@ from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig, check_name
 from pd.train.decomposition import Decomposition
 from pd.train.evaluate import EVAL_FOLD, make_eval_step
-from pd.train.init_state import init_train_state, state_shardings
+from pd.train.init_state import abstract_state, init_train_state, state_shardings
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
 from pd.train.recipe import make_batches, make_recipe
-from pd.train.rundir import check_destination, staged
+from pd.train.resume import Checkpoints
+from pd.train.rundir import CHECKPOINTS, check_destination, partial_dir, staged
+from pd.train.signals import deferred
 from pd.train.step import (
     Recipe,
     batch_key,
@@ -81,6 +83,14 @@ def make_mesh_of(config: RunConfig) -> Mesh | None:
         raise ConfigError(f"config key 'mesh': {err}") from None
 
 
+def _kept_rows(path: Path, start: int) -> str:
+    """The metrics rows of the steps before `start` (a resumed run recomputes the rest)."""
+    if start == 0 or not path.exists():
+        return ""
+    lines = path.read_text().splitlines(keepends=True)
+    return "".join(line for line in lines if json.loads(line)["step"] < start)
+
+
 def _train(
     recipe: Recipe,
     state: TrainState,
@@ -89,8 +99,12 @@ def _train(
     run_key: jax.Array,
     run_dir: Path,
     shardings: TrainState | None,
+    checkpoints: Checkpoints,
+    every: int,
 ) -> TrainState:
-    """The loop: one `device_get` per log interval, appended to metrics.jsonl.
+    """The loop from `state.step`: one `device_get` per log interval, appended to metrics.jsonl;
+    a checkpoint every `every` steps, at the end, and after the step in flight when Ctrl-C or
+    SIGTERM stops it (`pd.train.signals`).
 
     The monitors (SPEC §5) are not trained, so they are computed only on logged steps, by the
     evaluation step on that step's batch.
@@ -98,9 +112,12 @@ def _train(
     cfg = recipe.train
     train_step = make_train_step(recipe, shardings)
     eval_step = make_eval_step(recipe)
-    bar = tqdm(total=cfg.steps, disable=not sys.stderr.isatty(), desc="train", unit="step")
-    with (run_dir / "metrics.jsonl").open("w") as out:
-        for step in range(cfg.steps):
+    start = int(state.step)
+    path = run_dir / "metrics.jsonl"
+    path.write_text(_kept_rows(path, start))
+    bar = tqdm(total=cfg.steps, initial=start, disable=not sys.stderr.isatty(), desc="train")
+    with path.open("a") as out, deferred() as pending:
+        for step in range(start, cfg.steps):
             x = batches(step)
             state, metrics = train_step(state, frozen, x, run_key)
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
@@ -108,16 +125,22 @@ def _train(
                 monitors = {k: v for k, v in evaluated.items() if k.startswith("monitor/")}
                 row = flat_metrics(recipe.table, jax.device_get({**metrics, **monitors}))
                 bad = [k for k, v in row.items() if not math.isfinite(v)]
-                if bad:  # the run folder is not made: nothing that looks like a result
+                if bad:  # no summary: nothing that looks like a result
                     others = f" (and {len(bad) - 1} more terms)" if len(bad) > 1 else ""
                     raise Diverged(
-                        f"training diverged at step {step}: {bad[0]} is {row[bad[0]]}{others}, "
-                        "expected finite values (lower the learning rate)"
+                        f"training diverged at step {step}: {bad[0]} is {row[bad[0]]}"
+                        f"{others}, expected finite values (lower the learning rate)"
                     )
                 out.write(json.dumps({"step": step, **row}, allow_nan=False) + "\n")
                 out.flush()  # readable while the run goes on
                 bar.set_postfix(loss=f"{row['loss/total']:.3g}")
             bar.update(1)
+            done, stop = step + 1, pending()
+            if done % every == 0 or done == cfg.steps or stop is not None:
+                checkpoints.save(done, state)  # `resume` continues from here exactly
+            if stop is not None:
+                bar.close()
+                raise stop
     bar.close()
     return state
 
@@ -127,12 +150,15 @@ def run(
     out: Path | None = None,
     overwrite: bool = False,
     own: OwnTarget | None = None,
+    resume: bool = False,
 ) -> RunResult:
     """Decompose the configured target (or `own`, a target of the caller's own, in place of
     `config.target`) end to end and write the run folder.
 
     The folder appears only when the run has finished (`pd.train.rundir.staged`): a failing or
-    interrupted run writes nothing to `out` and, with `overwrite`, leaves the old run there.
+    interrupted run writes nothing to `out` and, with `overwrite`, leaves the old run there. An
+    interrupted run keeps its checkpoints beside it; `resume` continues it from the latest, with
+    the same config (its mesh may differ), to the same result as an uninterrupted run.
     """
     if out is None:
         check_name(config.name)  # the name becomes a path
@@ -152,7 +178,9 @@ def run(
         kind.check_inputs()
     except (ShardingError, DataError) as err:
         raise ConfigError(str(err)) from None
-    check_destination(run_dir, overwrite)
+    check_destination(run_dir, overwrite, resume)
+    if resume:
+        _check_same_config(partial_dir(run_dir) / "config.json", config)
     if config.compile.cache_dir:
         set_option: Callable[[str, object], None] = jax.config.update  # unannotated upstream
         set_option("jax_compilation_cache_dir", config.compile.cache_dir)
@@ -164,18 +192,31 @@ def run(
         except CheckpointError as err:
             raise ConfigError(str(err)) from None
         log.info("target ready (%s)", trained.describe())
-        with staged(run_dir, overwrite) as tmp_dir:
+        with staged(run_dir, overwrite, resume) as tmp_dir:
             config_json = json.dumps(dataclasses.asdict(config), indent=2, allow_nan=False)
             (tmp_dir / "config.json").write_text(config_json)
             frozen = trained.params
             if mesh is not None:
                 frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
             init_key, src_key, run_key = key_tree(config.seed)
-            state = init_train_state(recipe, init_key, src_key, mesh)
-            if config.train.faith_warmup_steps > 0:
-                state = state._replace(components=faith_warmup(recipe, state.components, frozen))
-            batches = make_batches(config, recipe, run_key, mesh, kind=kind)
-            state = _train(recipe, state, frozen, batches, run_key, tmp_dir, shardings)
+            checkpoints = Checkpoints(tmp_dir / CHECKPOINTS, config.train.keep_checkpoints)
+            try:
+                latest = checkpoints.latest() if resume else None
+                if latest is None:
+                    state = init_train_state(recipe, init_key, src_key, mesh)
+                    if config.train.faith_warmup_steps > 0:
+                        warm = faith_warmup(recipe, state.components, frozen)
+                        state = state._replace(components=warm)
+                else:
+                    state = checkpoints.restore(latest, abstract_state(recipe, mesh))
+                    log.info("resumed from the checkpoint of step %d", latest)
+                batches = make_batches(config, recipe, run_key, mesh, kind=kind)
+                every = config.train.checkpoint_every or config.train.steps
+                state = _train(
+                    recipe, state, frozen, batches, run_key, tmp_dir, shardings, checkpoints, every
+                )
+            finally:
+                checkpoints.close()
             checkpoint.save(tmp_dir / "decomposition.npz", (state.components, state.ci_params))
             checkpoint.save_frozen(tmp_dir / "frozen.npz", trained.params)
             eval_batches = make_batches(config, recipe, run_key, mesh, True, kind)
@@ -194,6 +235,37 @@ def run(
                 known = kind.known(recipe.target)
                 write_figures(recipe, state, frozen, x, tmp_dir, kind.labels, known)
     return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe, kind)
+
+
+def _first_difference(before: object, now: object, path: str) -> str | None:
+    if isinstance(before, dict) and isinstance(now, dict):
+        for key in sorted(set(before) | set(now)):
+            found = _first_difference(before.get(key), now.get(key), f"{path}.{key}".strip("."))
+            if found is not None:
+                return found
+        return None
+    return None if before == now else path
+
+
+def _check_same_config(path: Path, config: RunConfig) -> None:
+    """A resumed run continues the config it was started with; only where it runs may change."""
+    free = ("mesh", "distributed", "compile")
+    before = {k: v for k, v in json.loads(path.read_text()).items() if k not in free}
+    now = json.loads(json.dumps(dataclasses.asdict(config)))
+    now = {k: v for k, v in now.items() if k not in free}
+    key = _first_difference(before, now, "")
+    if key is not None:
+        value, old = (_at(d, key) for d in (now, before))
+        raise ConfigError(
+            f"config key '{key}' is {value!r}, but the interrupted run had {old!r}, expected "
+            "the same config to resume it"
+        )
+
+
+def _at(tree: object, key: str) -> object:
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
 
 
 def summary_table(summary: dict[str, float]) -> str:

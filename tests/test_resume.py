@@ -1,0 +1,154 @@
+"""Checkpoints and exact resume: a run stopped by SIGTERM at any step and resumed ends where an
+uninterrupted run ends (S18: batches and keys are functions of the seed and the step), also
+when the resumed run has another device count."""
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pd.train import RunResult, load_config, run
+from pd.train.config import ConfigError
+from pd.train.signals import Terminated
+from pd.train.rundir import checkpoint_steps, partial_dir
+
+TMS = [
+    "train.steps=60",
+    "train.batch=256",
+    "train.log_every=10",
+    "train.faith_warmup_steps=5",
+    "train.checkpoint_every=25",
+    "eval.n_samples=2000",
+    "eval.batch=1000",
+    "eval.figures=false",
+    "target.train_steps=1500",
+    "target.train_batch=1024",
+]
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated  # the CLI's SIGTERM handler
+
+
+@contextmanager
+def sigterm_at(stop: int) -> Iterator[None]:
+    """Runs started inside get a real SIGTERM when they ask for the batch of step `stop`, and
+    must stop with Terminated."""
+    module = sys.modules["pd.train.run"]
+    make_batches = module.make_batches
+
+    def batches(*args: object, **kwargs: object) -> Callable[[int], jax.Array]:
+        inner: Callable[[int], jax.Array] = make_batches(*args, **kwargs)
+
+        def batch(step: int) -> jax.Array:
+            if step == stop:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return inner(step)
+
+        return batch
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            monkeypatch.setattr(module, "make_batches", batches)
+            with pytest.raises(Terminated):
+                yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    return run(load_config("tms_5-2", TMS), tmp_path_factory.mktemp("runs") / "whole")
+
+
+def _assert_same_run(a: RunResult, b: RunResult) -> None:
+    for x, y in zip(jax.tree.leaves(a.state), jax.tree.leaves(b.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for name in ("metrics.jsonl", "decomposition.npz"):
+        assert (a.run_dir / name).read_bytes() == (b.run_dir / name).read_bytes(), name
+
+
+@settings(max_examples=2)
+@given(stop=st.integers(1, 58))
+def test_a_run_stopped_by_sigterm_and_resumed_is_bit_identical(
+    uninterrupted: RunResult, tmp_path_factory: pytest.TempPathFactory, stop: int
+) -> None:
+    out = tmp_path_factory.mktemp("runs") / "stopped"
+    with sigterm_at(stop):
+        run(uninterrupted.config, out)
+    assert checkpoint_steps(partial_dir(out))[-1] == stop + 1  # the step in flight finished
+    assert not out.exists()
+    resumed = run(uninterrupted.config, out, resume=True)
+    _assert_same_run(uninterrupted, resumed)
+    assert not partial_dir(out).exists() and checkpoint_steps(out)[-1] == 60
+
+
+def test_resume_refuses_another_config_and_a_missing_checkpoint(
+    uninterrupted: RunResult, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match="found no interrupted run"):
+        run(uninterrupted.config, tmp_path / "none", resume=True)
+    with sigterm_at(30):
+        run(uninterrupted.config, tmp_path / "r")
+    other = load_config("tms_5-2", [*TMS, "loss.importance=0.01"])
+    with pytest.raises(ConfigError, match=r"'loss\.importance' is 0\.01, but the interrupted run"):
+        run(other, tmp_path / "r", resume=True)
+    with pytest.raises(ConfigError, match=r"interrupted run .* expected --resume to continue it"):
+        run(uninterrupted.config, tmp_path / "r")
+    assert checkpoint_steps(partial_dir(tmp_path / "r")) == [25, 31]  # nothing was lost
+
+
+def test_a_language_model_run_on_4_devices_resumes_on_1(tmp_path: Path) -> None:
+    tokens = np.random.default_rng(0).integers(0, 16, size=4000).astype(np.uint16)
+    np.save(tmp_path / "tokens.npy", tokens)
+    lm = [
+        "C=4",
+        "target.vocab=16",
+        "target.d_model=16",
+        "target.n_heads=2",
+        "target.n_kv_heads=1",
+        "target.d_mlp=32",
+        "target.seq_len=8",
+        f'target.tokens="{tmp_path / "tokens.npy"}"',
+        "target.train_steps=20",
+        "chunkwise.d_model=8",
+        "chunkwise.n_heads=2",
+        "chunkwise.mlp_hidden=16",
+        "train.batch=8",
+        "train.steps=6",
+        "train.log_every=1",
+        "train.faith_warmup_steps=2",
+        "train.checkpoint_every=2",
+        "eval.n_samples=16",
+        "eval.batch=8",
+        "eval.figures=false",
+    ]
+    four = load_config("tiny_llama", [*lm, "mesh.data=4"])
+    whole = run(four, tmp_path / "whole")
+    assert len(whole.state.components.V[0].sharding.device_set) == 4
+    with sigterm_at(3):
+        run(four, tmp_path / "moved")
+    one = load_config("tiny_llama", lm)
+    resumed = run(one, tmp_path / "moved", resume=True)  # restored onto a single device
+    assert len(resumed.state.components.V[0].sharding.device_set) == 1
+    for x, y in zip(jax.tree.leaves(whole.state), jax.tree.leaves(resumed.state), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+    rows = [
+        [json.loads(line) for line in (r.run_dir / "metrics.jsonl").read_text().splitlines()]
+        for r in (whole, resumed)
+    ]
+    assert [r["step"] for r in rows[1]] == list(range(6))
+    for a, b in zip(*rows, strict=True):
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
