@@ -161,18 +161,30 @@ def train_lm(model: Llama, cfg: LlamaConfig) -> TrainedTarget:
     return train_with_retries(attempt, check, cfg.max_attempts, cfg.seed)
 
 
+def training_files(cfg: LlamaConfig) -> tuple[Path, ...]:
+    """The files an in-process model is trained from: its token file, checked as `load_tokens`
+    checks it (named in an error before it is hashed). `text` needs a checkpoint, so a trained
+    model never reads a text file; the synthetic corpus is a function of the config."""
+    if cfg.checkpoint or cfg.text or not cfg.tokens:
+        return ()
+    path = local_file(cfg.tokens, "target.tokens")
+    load_tokens(path)  # a memory map and a header check: cheap
+    return (path,)
+
+
 def load_llama(cfg: LlamaConfig, target: Target) -> TrainedTarget:
     """The frozen weights from the local checkpoint, else trained in-process on the config's
-    tokens and cached by the config's hash."""
+    tokens and cached by the hash of the config and the token file's contents."""
     assert isinstance(target, Llama)
     if cfg.checkpoint:
         load = load_gguf if is_gguf(cfg.checkpoint) else load_hf
         _, params = load(checkpoint_path(cfg))
         return TrainedTarget(params, 0, float("nan"), from_cache=True)
     # Which sites are decomposed (and how the step checkpoints) does not change the model: leave
-    # them out of the cache key.
+    # them out of the cache key. What the model is trained on does: the key holds the token
+    # file's contents, not only its path.
     model_only = dataclasses.replace(cfg, kinds=(), layers=(), kind_C=KindC(), remat="dots")
-    path = cache_dir() / "targets" / _cache_key(model_only)
+    path = cache_dir() / "targets" / _cache_key(model_only, training_files(cfg))
     cached = _load(path)
     if cached is not None:
         return cached

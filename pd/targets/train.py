@@ -1,4 +1,9 @@
-"""Train a toy target in-process, check that it learned its task, and cache it on disk."""
+"""Train a toy target in-process, check that it learned its task, and cache it on disk.
+
+The cache (`$PD_CACHE_DIR/targets`) holds one file per entry, `KEY.npz`: the parameters and
+their metadata followed by a sha256 of both, renamed into place whole, so that runs sharing a
+cache may write and read one entry at once. KEY hashes the config and the contents of the files
+the target is trained from."""
 
 import dataclasses
 import hashlib
@@ -6,7 +11,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -19,6 +24,7 @@ import optax
 from jaxtyping import Array, Float, Key
 
 from pd.decompose import FROZEN
+from pd.files import file_sha256, write_atomic
 from pd.targets.base import ToyTarget, TrainParams
 from pd.targets.configs import PdTrainedConfig, TargetTraining
 
@@ -119,50 +125,67 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PD_CACHE_DIR", Path.home() / ".cache" / "pd"))
 
 
-# Bumped when a target's parameter layout changes (2: layer-stacked weights), so that no cache
-# entry of an older layout is read.
-LAYOUT = 2
+# Bumped when a target's parameter layout or the entry's format changes (2: layer-stacked
+# weights; 3: one file per entry, the data files' digests in the key), so that no cache entry of
+# an older one is read.
+LAYOUT = 3
+META = "__meta__"  # the entry's metadata: a uint8 array of JSON, beside the parameters
+SHA256_BYTES = 32  # an entry ends with the sha256 of the bytes before it
 
 
-def _cache_key(cfg: PdTrainedConfig) -> str:
-    blob = json.dumps({"layout": LAYOUT, **dataclasses.asdict(cfg)}, sort_keys=True).encode()
+def _cache_key(cfg: PdTrainedConfig, data: Sequence[Path] = ()) -> str:
+    """The hash of the config and of the contents of the `data` files the target is trained
+    from (a token file rewritten in place is a new target)."""
+    fields: dict[str, object] = {"layout": LAYOUT, **dataclasses.asdict(cfg)}
+    if data:
+        fields["data_sha256"] = [file_sha256(p) for p in data]
+    blob = json.dumps(fields, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def _save(path: Path, trained: TrainedTarget, cfg: PdTrainedConfig) -> None:
-    buf = io.BytesIO()
+    """`path.npz`: the parameters and their metadata (attempt, loss, config) in one `.npz`,
+    followed by the sha256 of those bytes, written to a unique temporary name and renamed into
+    place. An entry being one file renamed whole, concurrent writers and readers of one entry
+    never mix two saves or see part of one. A cache that cannot be written is logged, and the
+    target is used uncached."""
     arrays: dict[str, np.ndarray] = {k: np.asarray(v) for k, v in trained.params["~"].items()}
-    np.savez(buf, allow_pickle=False, **arrays)
-    payload = buf.getvalue()
-    meta = {
-        "sha256": hashlib.sha256(payload).hexdigest(),
-        "attempt": trained.attempt,
-        "loss": trained.loss,
-        "config": dataclasses.asdict(cfg),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for suffix, data in ((".npz", payload), (".json", json.dumps(meta, indent=1).encode())):
-        tmp = path.with_suffix(suffix + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path.with_suffix(suffix))
+    meta = {"attempt": trained.attempt, "loss": trained.loss, "config": dataclasses.asdict(cfg)}
+    buf = io.BytesIO()
+    meta_bytes = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(buf, allow_pickle=False, **arrays, **{META: meta_bytes})
+    body = buf.getvalue()
+    npz = path.with_suffix(".npz")
+    try:
+        npz.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(npz, body + hashlib.sha256(body).digest())
+    except OSError as err:
+        log.warning("target cache %s could not be written (%s); the target is not cached", npz, err)
 
 
 def _load(path: Path) -> TrainedTarget | None:
     """The cached target, or None when absent or corrupt (a corrupt cache is never trusted)."""
-    npz, meta_path = path.with_suffix(".npz"), path.with_suffix(".json")
-    if not npz.exists() or not meta_path.exists():
+    npz = path.with_suffix(".npz")
+    try:
+        data = npz.read_bytes()  # at once: a rename during the read does not change what is read
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        log.warning("target cache %s is unreadable (%s); retraining", npz, err)
         return None
     try:
-        meta = json.loads(meta_path.read_text())
-        payload = npz.read_bytes()
-        if hashlib.sha256(payload).hexdigest() != meta["sha256"]:
+        body, digest = data[:-SHA256_BYTES], data[-SHA256_BYTES:]
+        if len(data) <= SHA256_BYTES or hashlib.sha256(body).digest() != digest:
             raise ValueError("checksum mismatch")
-        with np.load(io.BytesIO(payload)) as z:
-            params = {"~": {k: jnp.asarray(z[k]) for k in z.files}}
-        return TrainedTarget(params, int(meta["attempt"]), float(meta["loss"]), from_cache=True)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        with np.load(io.BytesIO(body), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = json.loads(arrays.pop(META).tobytes())
+        attempt, loss = int(meta["attempt"]), float(meta["loss"])
+    except Exception as err:  # whatever fails to parse (zip, npy, JSON) is corruption
         log.warning("target cache %s is corrupt (%s); retraining", npz, err)
         return None
+    params = {"~": {k: jnp.asarray(v) for k, v in arrays.items()}}
+    return TrainedTarget(params, attempt, loss, from_cache=True)
 
 
 def load_or_train(cfg: PdTrainedConfig, target: ToyTarget) -> TrainedTarget:

@@ -5,8 +5,6 @@ parameters (nested dicts, self-describing, with the fingerprint `pd.load` compar
 import hashlib
 import io
 import json
-import os
-import secrets
 from pathlib import Path
 
 import haiku as hk
@@ -16,22 +14,13 @@ import numpy as np
 from jaxtyping import PyTree
 
 from pd.ci import GroupParams
+from pd.files import write_atomic
 from pd.state import Components
 
 Trained = tuple[Components, GroupParams]
 # Frozen parameters up to this size are copied into the run folder (toys, small models); a
 # larger target (a real language model) is identified by its fingerprint and rebuilt on load.
 FROZEN_COPY_LIMIT = 64 * 2**20
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a unique temporary name beside `path`, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _npz(arrays: dict[str, np.ndarray]) -> bytes:
