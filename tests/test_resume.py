@@ -14,13 +14,13 @@ from types import FrameType
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from pd.train import RunResult, load_config, run
 from pd.train.config import ConfigError
-from pd.train.signals import Terminated
 from pd.train.rundir import checkpoint_steps, partial_dir
+from pd.train.signals import Terminated
 
 TMS = [
     "train.steps=60",
@@ -72,14 +72,22 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
     return run(load_config("tms_5-2", TMS), tmp_path_factory.mktemp("runs") / "whole")
 
 
+def _rows(run: RunResult) -> list[dict[str, float]]:
+    """The metrics rows without their wall-clock keys (time/…), which no two runs share."""
+    lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
+
+
 def _assert_same_run(a: RunResult, b: RunResult) -> None:
     for x, y in zip(jax.tree.leaves(a.state), jax.tree.leaves(b.state), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    for name in ("metrics.jsonl", "decomposition.npz"):
-        assert (a.run_dir / name).read_bytes() == (b.run_dir / name).read_bytes(), name
+    assert _rows(a) == _rows(b)
+    name = "decomposition.npz"
+    assert (a.run_dir / name).read_bytes() == (b.run_dir / name).read_bytes()
 
 
-@settings(max_examples=2)
+@settings(max_examples=2, phases=[Phase.generate])  # each example is two runs: no shrinking
 @given(stop=st.integers(1, 58))
 def test_a_run_stopped_by_sigterm_and_resumed_is_bit_identical(
     uninterrupted: RunResult, tmp_path_factory: pytest.TempPathFactory, stop: int
@@ -144,10 +152,7 @@ def test_a_language_model_run_on_4_devices_resumes_on_1(tmp_path: Path) -> None:
     assert len(resumed.state.components.V[0].sharding.device_set) == 1
     for x, y in zip(jax.tree.leaves(whole.state), jax.tree.leaves(resumed.state), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
-    rows = [
-        [json.loads(line) for line in (r.run_dir / "metrics.jsonl").read_text().splitlines()]
-        for r in (whole, resumed)
-    ]
+    rows = [_rows(whole), _rows(resumed)]
     assert [r["step"] for r in rows[1]] == list(range(6))
     for a, b in zip(*rows, strict=True):
         for key in a:

@@ -92,7 +92,7 @@ def test_overwrite_by_a_failing_run_keeps_the_old_run(
 ) -> None:
     old = tmp_path / "old"
     shutil.copytree(tiny_run.run_dir, old)
-    before = {p.name: p.read_bytes() for p in old.iterdir()}
+    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
 
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt  # Ctrl-C in the middle of training
@@ -101,7 +101,7 @@ def test_overwrite_by_a_failing_run_keeps_the_old_run(
     monkeypatch.setattr(sys.modules["pd.train.run"], "_train", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run(tiny_run.config, old, overwrite=True)
-    assert {p.name: p.read_bytes() for p in old.iterdir()} == before
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
 
 

@@ -26,6 +26,7 @@ from pd.targets.configs import (
     TMSConfig,
 )
 from pd.train.schedule import Schedule
+from pd.train.sinks import WandbMode
 from pd.validate import ConfigError as ConfigError
 from pd.validate import FieldError, Validated
 
@@ -84,7 +85,7 @@ class LossConfig(Validated):
 
 @dataclass(frozen=True)
 class TrainConfig(Validated):
-    NON_NEGATIVE = frozenset({"faith_warmup_steps", "checkpoint_every"})
+    NON_NEGATIVE = frozenset({"faith_warmup_steps", "checkpoint_every", "eval_every"})
 
     steps: int = 10_000
     batch: int = 1024
@@ -99,6 +100,11 @@ class TrainConfig(Validated):
     # is stopped by Ctrl-C or SIGTERM; 0 saves only then. `resume` continues the latest.
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
+    # The evaluation (summary metrics, figures) also every this many steps, into metrics.jsonl
+    # as `eval/...` keys; 0: only at the end.
+    eval_every: int = 0
+    tensorboard: bool = True  # event files in runs/NAME/tensorboard (cheap: ~30 µs a row)
+    wandb: WandbMode = "off"  # Weights & Biases: "offline" needs no network or account
     # Loop bodies per iteration in the step (JAX's scan `unroll`, see pd/loops.py): the program
     # holds that many copies of each body, whatever the depth. 2 is faster for small models on a
     # CPU, where two bodies run side by side.

@@ -4,7 +4,6 @@ import dataclasses
 import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,7 +12,6 @@ from pathlib import Path
 import haiku as hk
 import jax
 from jax.sharding import Mesh
-from tqdm import tqdm
 
 from pd.compile_times import CompileTimes, recording
 from pd.data import DataError
@@ -34,6 +32,7 @@ from pd.train.recipe import make_batches, make_recipe
 from pd.train.resume import Checkpoints
 from pd.train.rundir import CHECKPOINTS, check_destination, partial_dir, staged
 from pd.train.signals import deferred
+from pd.train.sinks import MetricSinks
 from pd.train.step import (
     Recipe,
     batch_key,
@@ -83,12 +82,7 @@ def make_mesh_of(config: RunConfig) -> Mesh | None:
         raise ConfigError(f"config key 'mesh': {err}") from None
 
 
-def _kept_rows(path: Path, start: int) -> str:
-    """The metrics rows of the steps before `start` (a resumed run recomputes the rest)."""
-    if start == 0 or not path.exists():
-        return ""
-    lines = path.read_text().splitlines(keepends=True)
-    return "".join(line for line in lines if json.loads(line)["step"] < start)
+Evaluation = Callable[[TrainState, Path], dict[str, float]]  # the summary; figures into a folder
 
 
 def _train(
@@ -97,13 +91,15 @@ def _train(
     frozen: hk.Params,
     batches: Callable[[int], Batch],
     run_key: jax.Array,
-    run_dir: Path,
     shardings: TrainState | None,
     checkpoints: Checkpoints,
-    every: int,
+    sinks: MetricSinks,
+    evaluation: Evaluation,
+    run_dir: Path,
 ) -> TrainState:
-    """The loop from `state.step`: one `device_get` per log interval, appended to metrics.jsonl;
-    a checkpoint every `every` steps, at the end, and after the step in flight when Ctrl-C or
+    """The loop from `state.step`: one `device_get` per logged step, sent to `sinks`; the
+    evaluation and figures every `train.eval_every` steps; a checkpoint every
+    `train.checkpoint_every` steps, at the end, and after the step in flight when Ctrl-C or
     SIGTERM stops it (`pd.train.signals`).
 
     The monitors (SPEC §5) are not trained, so they are computed only on logged steps, by the
@@ -112,15 +108,14 @@ def _train(
     cfg = recipe.train
     train_step = make_train_step(recipe, shardings)
     eval_step = make_eval_step(recipe)
-    start = int(state.step)
-    path = run_dir / "metrics.jsonl"
-    path.write_text(_kept_rows(path, start))
-    bar = tqdm(total=cfg.steps, initial=start, disable=not sys.stderr.isatty(), desc="train")
-    with path.open("a") as out, deferred() as pending:
-        for step in range(start, cfg.steps):
+    every = cfg.checkpoint_every or cfg.steps
+    with deferred() as pending:
+        for step in range(int(state.step), cfg.steps):
             x = batches(step)
             state, metrics = train_step(state, frozen, x, run_key)
-            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+            # The last step's evaluation is the run's own, after the loop.
+            evaluate = sinks.should_eval(step) and step < cfg.steps - 1
+            if sinks.should_log(step) or evaluate:
                 evaluated, _ = eval_step(state, frozen, x, batch_key(run_key, step))
                 monitors = {k: v for k, v in evaluated.items() if k.startswith("monitor/")}
                 row = flat_metrics(recipe.table, jax.device_get({**metrics, **monitors}))
@@ -131,17 +126,15 @@ def _train(
                         f"training diverged at step {step}: {bad[0]} is {row[bad[0]]}"
                         f"{others}, expected finite values (lower the learning rate)"
                     )
-                out.write(json.dumps({"step": step, **row}, allow_nan=False) + "\n")
-                out.flush()  # readable while the run goes on
-                bar.set_postfix(loss=f"{row['loss/total']:.3g}")
-            bar.update(1)
+                if evaluate:
+                    row |= {f"eval/{k}": v for k, v in evaluation(state, run_dir).items()}
+                sinks.log(step, row)
+            sinks.advance()
             done, stop = step + 1, pending()
             if done % every == 0 or done == cfg.steps or stop is not None:
                 checkpoints.save(done, state)  # `resume` continues from here exactly
             if stop is not None:
-                bar.close()
                 raise stop
-    bar.close()
     return state
 
 
@@ -211,16 +204,48 @@ def run(
                     state = checkpoints.restore(latest, abstract_state(recipe, mesh))
                     log.info("resumed from the checkpoint of step %d", latest)
                 batches = make_batches(config, recipe, run_key, mesh, kind=kind)
-                every = config.train.checkpoint_every or config.train.steps
-                state = _train(
-                    recipe, state, frozen, batches, run_key, tmp_dir, shardings, checkpoints, every
-                )
+                eval_batches = make_batches(config, recipe, run_key, mesh, True, kind)
+
+                def evaluation(state: TrainState, folder: Path) -> dict[str, float]:
+                    summary = kind.evaluate(
+                        recipe, state, frozen, eval_batches, run_key, config.eval
+                    )
+                    if config.eval.figures:
+                        from pd.train.figures import write_figures  # matplotlib when drawing
+
+                        x, known = eval_batches(EVAL_FOLD), kind.known(recipe.target)
+                        write_figures(recipe, state, frozen, x, folder, kind.labels, known)
+                    return summary
+
+                t = config.train
+                with MetricSinks(
+                    tmp_dir,
+                    t.steps,
+                    log_every=t.log_every,
+                    eval_every=t.eval_every,
+                    start_step=int(state.step),
+                    tensorboard=t.tensorboard,
+                    wandb=t.wandb,
+                    run_name=config.name,
+                    config=dataclasses.asdict(config),
+                ) as sinks:
+                    state = _train(
+                        recipe,
+                        state,
+                        frozen,
+                        batches,
+                        run_key,
+                        shardings,
+                        checkpoints,
+                        sinks,
+                        evaluation,
+                        tmp_dir,
+                    )
             finally:
                 checkpoints.close()
             checkpoint.save(tmp_dir / "decomposition.npz", (state.components, state.ci_params))
             checkpoint.save_frozen(tmp_dir / "frozen.npz", trained.params)
-            eval_batches = make_batches(config, recipe, run_key, mesh, True, kind)
-            summary = kind.evaluate(recipe, state, frozen, eval_batches, run_key, config.eval)
+            summary = evaluation(state, tmp_dir)
             summary["target/attempt"] = float(trained.attempt)
             if math.isfinite(trained.loss):  # a loaded checkpoint has no training loss
                 summary["target/loss"] = trained.loss
@@ -228,12 +253,6 @@ def run(
             summary_json = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)
             (tmp_dir / "summary.json").write_text(summary_json)
             compile_times.write(tmp_dir / "compile.json")
-            if config.eval.figures:
-                from pd.train.figures import write_figures  # matplotlib only when drawing
-
-                x = eval_batches(EVAL_FOLD)
-                known = kind.known(recipe.target)
-                write_figures(recipe, state, frozen, x, tmp_dir, kind.labels, known)
     return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe, kind)
 
 
