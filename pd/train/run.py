@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 from pd.compile_times import CompileTimes, recording
 from pd.data import DataError
 from pd.init import key_tree
+from pd.log import show_pd_logs
 from pd.shard import ShardingError, initialize_distributed, make_mesh
 from pd.shard.state import frozen_shardings
 from pd.state import TrainState
@@ -23,7 +24,7 @@ from pd.targets.base import Batch
 from pd.targets.configs import FactoryConfig
 from pd.targets.hf import CheckpointError
 from pd.train import checkpoint
-from pd.train.config import ConfigError, RunConfig, check_name
+from pd.train.config import ConfigError, RunConfig
 from pd.train.decomposition import Decomposition
 from pd.train.evaluate import EVAL_FOLD, make_eval_step
 from pd.train.init_state import abstract_state, init_train_state, state_shardings
@@ -153,8 +154,7 @@ def run(
     interrupted run keeps its checkpoints beside it; `resume` continues it from the latest, with
     the same config (its mesh may differ), to the same result as an uninterrupted run.
     """
-    if out is None:
-        check_name(config.name)  # the name becomes a path
+    show_pd_logs()  # progress lines from a script or notebook that configured no logging
     run_dir = Path(out) if out is not None else Path("runs") / config.name
     kind = kind_of(config.target, own)  # a factory's target is built here, once
     if own is not None and not isinstance(config.target, FactoryConfig):
