@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pd.ci.squash import ALPHA
 from pd.init import key_tree
 from pd.targets.base import Batch, Target, as_toy
 from pd.targets.llama import KINDS, Llama
@@ -29,6 +30,18 @@ from pd.train.run import make_recipe
 from pd.train.step import flat_metrics, make_train_step
 
 GOLDEN = "tests/golden"
+
+
+@pytest.fixture(autouse=True)
+def recorded_upper_squashing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trajectories were recorded before SPEC S6's amendment, when the upper squashing was
+    written with `jnp.clip` (gradient 0.5 at x = 0 and x = 1): compare under that one."""
+    import pd.ci
+
+    def clipped(x: jax.Array) -> jax.Array:
+        return jnp.where(x > 1, 1.0 + ALPHA * (x - 1.0), jnp.clip(x, 0.0, 1.0))
+
+    monkeypatch.setattr(pd.ci, "upper_leaky_hard", clipped)
 TMS = ["train.batch=256", "loss.adversary.coeff=1.0", "loss.adversary.n_warmup=1"]
 TMS += ["loss.n_mask_samples=2"]
 

@@ -45,6 +45,15 @@ def test_s6_upper_forward_and_gradient() -> None:
     np.testing.assert_allclose(np.asarray(grad), [0.0, 1.0, 1.0, ALPHA])
 
 
+def test_s6_upper_gradient_is_one_at_both_kinks() -> None:
+    # As torch.clamp's in the reference: 1 at x = 0 and x = 1 (jnp.clip would give 0.5).
+    x = jnp.asarray([0.0, 1.0, -1e-7, 1.0 + 1e-6])
+    grad = jax.grad(lambda v: jnp.sum(upper_leaky_hard(v)))(x)
+    np.testing.assert_array_equal(np.asarray(grad)[:3], [1.0, 1.0, 0.0])  # exactly 1, not 0.5
+    np.testing.assert_allclose(float(grad[3]), ALPHA, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(upper_leaky_hard(x))[:2], [0.0, 1.0])
+
+
 def test_s5_one_place_squashes_both() -> None:
     from pd.ci import squash
 
