@@ -1,14 +1,16 @@
-"""Steady-state ms/step and `train_step` compile seconds of presets (toys and language models).
+"""Steady-state ms/step, samples/s and `train_step` compile seconds of presets.
 
-    python bench/step_time.py [PRESET ...]        (default: tms_5-2 resid_mlp1 tiny_llama)
+    python bench/step_time.py [PRESET ...] [--batch N] [--set key=value ...]
+    (default presets: tms_5-2 resid_mlp1 tiny_llama)
 
-Prints a table; the median of 5 timed windows of 50 steps each is the ms/step. Batches come
+Prints a table; the median of 5 timed windows of 50 steps each is the ms/step. `--batch`
+overrides `train.batch` (samples/s counts examples, not tokens). Batches come
 from the run's own batch source (drawn on device for toys, token windows moved from the host
 for language models), as in training. The target is trained first if it is not cached.
 """
 
+import argparse
 import statistics
-import sys
 import time
 
 from pd.compile_times import recording
@@ -21,9 +23,9 @@ from pd.train.step import make_train_step
 
 
 def measure(
-    preset: str, windows: int = 5, steps_per_window: int = 50
-) -> tuple[float, dict[str, float]]:
-    config = load_config(preset)
+    preset: str, overrides: list[str], windows: int = 5, steps_per_window: int = 50
+) -> tuple[float, int, dict[str, float]]:
+    config = load_config(preset, overrides)
     recipe = make_recipe(config)
     frozen = kind_of(config.target).load_frozen(recipe.target).params
     init_key, src_key, run_key = key_tree(config.seed)
@@ -40,16 +42,23 @@ def measure(
             state, metrics = step(state, frozen, batches(1 + w * steps_per_window + s), run_key)
         metrics["loss/total"].block_until_ready()
         times.append((time.perf_counter() - t0) / steps_per_window * 1e3)
-    return statistics.median(times), compile_s
+    return statistics.median(times), config.train.batch, compile_s
 
 
-def main(presets: list[str]) -> None:
-    print(f"{'preset':<12} {'ms/step':>8} {'trace s':>8} {'lower s':>8} {'compile s':>10}")
-    for preset in presets:
-        ms, c = measure(preset)
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("presets", nargs="*", default=["tms_5-2", "resid_mlp1", "tiny_llama"])
+    parser.add_argument("--batch", type=int, default=0, help="train.batch (default: the preset's)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    overrides = [*args.overrides, *([f"train.batch={args.batch}"] if args.batch else [])]
+    head = f"{'preset':<12} {'batch':>6} {'ms/step':>8} {'samples/s':>10}"
+    print(f"{head} {'trace s':>8} {'lower s':>8} {'compile s':>10}")
+    for preset in args.presets:
+        ms, batch, c = measure(preset, overrides)
         stages = f"{c['trace_s']:8.2f} {c['lower_s']:8.2f} {c['compile_s']:10.2f}"
-        print(f"{preset:<12} {ms:8.2f} {stages}", flush=True)
+        print(f"{preset:<12} {batch:6d} {ms:8.2f} {batch / ms * 1e3:10.0f} {stages}", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["tms_5-2", "resid_mlp1", "tiny_llama"])
+    main()
