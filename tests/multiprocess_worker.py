@@ -1,12 +1,20 @@
-"""One worker of the multi-process test: sharded init and one train step of a tiny ResidMLP.
+"""One worker of the multi-process test: sharded init and one train step of a tiny ResidMLP,
+then the state saved with orbax from every process, restored and compared, and the
+decomposition written by `pd.train.checkpoint.save`.
 
 python tests/multiprocess_worker.py OUT.npz PROCESS_ID NUM_PROCESSES PORT DEVICES_PER_PROCESS
+
+Beside OUT.npz (written by process 0: a few gathered arrays, and the whole state after the step
+as `state<path>`): OUT.ckpt (the orbax checkpoints) and OUT.decomposition.npz.
 """
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
+
+OVERRIDES = ["C=4", "train.batch=16", "target.n_features=8", "target.d_embed=8", "target.d_mlp=4"]
 
 set_option: Callable[[str, object], None] = jax.config.update  # unannotated upstream
 
@@ -20,9 +28,12 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
     from pd.init import init_vu, key_tree
     from pd.shard import global_batch, initialize_distributed, vu_shardings
     from pd.targets.base import as_toy
+    from pd.train.checkpoint import host_arrays
+    from pd.train.checkpoint import save as save_decomposition
     from pd.train.config import load_config
-    from pd.train.init_state import init_train_state
+    from pd.train.init_state import abstract_state, init_train_state
     from pd.train.optim import component_optimizer
+    from pd.train.resume import Checkpoints
     from pd.train.run import make_recipe
     from pd.train.step import make_sampler, make_train_step
 
@@ -30,14 +41,7 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
         initialize_distributed(f"127.0.0.1:{port}", num_processes, process_id)
     devices = np.asarray(jax.devices()).reshape(-1, 1)
     mesh = Mesh(devices, ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
-    overrides = [
-        "C=4",
-        "train.batch=16",
-        "target.n_features=8",
-        "target.d_embed=8",
-        "target.d_mlp=4",
-    ]
-    recipe = make_recipe(load_config("resid_mlp1", overrides))
+    recipe = make_recipe(load_config("resid_mlp1", OVERRIDES))
     init_key, src_key, run_key = key_tree(0)
     toy = as_toy(recipe.target)
     frozen = toy.expand(toy.init_train(jax.random.key(1)))
@@ -58,7 +62,34 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
     arrays["V0"] = gather(state.components.V[0])
     arrays["U1"] = gather(state.components.U[1])
     arrays["loss"] = gather(metrics["loss/total"])
+
+    # Issue 11: every process saves its shards into one shared folder; the restore places each
+    # leaf as a run on this mesh would and equals the saved state.
+    def spans(a: jax.Array) -> bool:  # shards on both processes
+        return num_processes == 1 or not a.is_fully_addressable
+
+    assert spans(state.components.V[0])
+    saved = host_arrays(state)  # the whole state, gathered on every process
+    folder = Path(out).with_suffix(".ckpt")
+    checkpoints = Checkpoints(folder, keep=1)
+    checkpoints.save(1, state)
+    checkpoints.close()  # waits for the asynchronous write
+    checkpoints = Checkpoints(folder, keep=1)
+    assert checkpoints.latest() == 1
+    like = abstract_state(recipe, mesh)
+    restored = checkpoints.restore(1, like)
+    checkpoints.close()
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(like), strict=True):
+        assert got.sharding.is_equivalent_to(want.sharding, got.ndim), (got.sharding, want)
+    assert spans(restored.components.V[0])
+    jax.tree.map(np.testing.assert_array_equal, host_arrays(restored), saved)
+
+    # The decomposition file: gathered on every process, written by process 0.
+    trained = (restored.components, restored.ci_params)
+    save_decomposition(Path(out).with_suffix(".decomposition.npz"), trained)
     if process_id == 0:
+        paths = jax.tree_util.tree_flatten_with_path(saved)[0]
+        arrays |= {f"state{jax.tree_util.keystr(p)}": v for p, v in paths}
         np.savez(out, allow_pickle=False, **{k: np.asarray(v) for k, v in arrays.items()})
 
 

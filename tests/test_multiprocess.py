@@ -1,12 +1,16 @@
 """§11 D4 across processes: two processes with 2 CPU devices each give the same sharded
-initializers and train step as one process with 4 devices (run on localhost)."""
+initializers and train step as one process with 4 devices (run on localhost); issue 11: they
+save one orbax checkpoint whose arrays span both processes and restore it (checked by the
+workers), and it restores on one device here too; process 0 writes the decomposition file."""
 
+import importlib.util
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 
 WORKER = str(Path(__file__).with_name("multiprocess_worker.py"))
@@ -17,6 +21,16 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def _overrides() -> list[str]:
+    """The worker's config overrides (the worker is a script, not an importable module)."""
+    spec = importlib.util.spec_from_file_location("multiprocess_worker", WORKER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    overrides: list[str] = module.OVERRIDES
+    return overrides
 
 
 def _env() -> dict[str, str]:
@@ -40,3 +54,26 @@ def test_two_processes_match_one(tmp_path: Path) -> None:
         np.testing.assert_array_equal(a["init_V0"], b["init_V0"])  # I1 across processes
         for key in ("V0", "U1", "loss"):
             np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-7)
+
+    # The checkpoint the two processes wrote, restored in this one process on one device.
+    from pd.train import checkpoint
+    from pd.train.config import load_config
+    from pd.train.init_state import abstract_state
+    from pd.train.resume import Checkpoints
+    from pd.train.run import make_recipe
+
+    recipe = make_recipe(load_config("resid_mlp1", _overrides()))
+    like = abstract_state(recipe, None)
+    checkpoints = Checkpoints(two.with_suffix(".ckpt"), keep=1)
+    try:
+        assert checkpoints.latest() == 1
+        state = checkpoints.restore(1, like)
+    finally:
+        checkpoints.close()
+    with np.load(two) as b:  # the whole state the workers saved, gathered
+        for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+            np.testing.assert_array_equal(leaf, b[f"state{jax.tree_util.keystr(path)}"])
+    # The decomposition file process 0 wrote from the gathered arrays.
+    decomposition = two.with_suffix(".decomposition.npz")
+    trained = checkpoint.load(decomposition, (like.components, like.ci_params))
+    jax.tree.map(np.testing.assert_array_equal, trained, (state.components, state.ci_params))

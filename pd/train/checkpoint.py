@@ -1,16 +1,21 @@
 """Arrays on disk, each `.npz` beside a `.json` holding its sha256: the trained decomposition
 (stacked V/U and CI parameters, read back into a known structure) and the frozen target's
-parameters (nested dicts, self-describing, with the fingerprint `pd.load` compares)."""
+parameters (nested dicts, self-describing, with the fingerprint `pd.load` compares).
+
+In a multi-process run every process calls `save` / `save_frozen` (arrays spanning processes
+are gathered, a collective), process 0 alone writes, and all return once the files exist."""
 
 import hashlib
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jaxtyping import PyTree
 
 from pd.ci import GroupParams
@@ -45,13 +50,43 @@ def _verified(path: Path, what: str) -> tuple[bytes, dict[str, object]]:
     return payload, meta
 
 
+def host_arrays(tree: PyTree) -> PyTree[np.ndarray]:
+    """`tree` with every leaf's whole value as a numpy array, also in a multi-process run: the
+    leaves with shards on other processes are gathered there in one collective (every process
+    calls this with the same structure)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    host: list[object] = list(leaves)
+    spread = []
+    for i, a in enumerate(leaves):
+        if isinstance(a, jax.Array) and not a.is_fully_addressable:
+            if a.is_fully_replicated:  # every process holds all of it
+                host[i] = a.addressable_data(0)
+            else:
+                spread.append(i)
+    if spread:
+        allgather: Callable[..., list[object]] = multihost_utils.process_allgather  # unannotated
+        wholes = allgather([leaves[i] for i in spread], tiled=True)
+        for i, whole in zip(spread, wholes, strict=True):
+            host[i] = whole
+    arrays: PyTree[np.ndarray] = jax.tree.unflatten(treedef, [np.asarray(a) for a in host])
+    return arrays
+
+
+def _written(path: Path) -> None:
+    """Every process waits here until process 0 has written `path`."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"pd.train.checkpoint wrote {path.name}")
+
+
 def save(path: Path, trained: Trained) -> None:
     """Write leaves by their tree path, plus a `.json` with the payload's sha256."""
-    leaves = jax.tree_util.tree_flatten_with_path(jax.device_get(trained))[0]
-    payload = _npz({jax.tree_util.keystr(p): np.asarray(v) for p, v in leaves})
-    write_atomic(path, payload)
-    meta = {"sha256": hashlib.sha256(payload).hexdigest()}
-    write_atomic(path.with_suffix(".json"), json.dumps(meta).encode())
+    leaves = jax.tree_util.tree_flatten_with_path(host_arrays(trained))[0]
+    if jax.process_index() == 0:
+        payload = _npz({jax.tree_util.keystr(p): v for p, v in leaves})
+        write_atomic(path, payload)
+        meta = {"sha256": hashlib.sha256(payload).hexdigest()}
+        write_atomic(path.with_suffix(".json"), json.dumps(meta).encode())
+    _written(path)
 
 
 def load(path: Path, like: PyTree[jax.ShapeDtypeStruct]) -> Trained:
@@ -83,15 +118,19 @@ def _dict_keys(path: tuple[object, ...]) -> list[str]:
 
 
 def _host_leaves(params: hk.Params) -> list[tuple[list[str], np.ndarray]]:
-    leaves = jax.tree_util.tree_flatten_with_path(jax.device_get(params))[0]
-    return sorted(((_dict_keys(p), np.asarray(v)) for p, v in leaves), key=lambda kv: kv[0])
+    leaves = jax.tree_util.tree_flatten_with_path(host_arrays(params))[0]
+    return sorted(((_dict_keys(p), v) for p, v in leaves), key=lambda kv: kv[0])
 
 
 def fingerprint(params: hk.Params) -> str:
     """The sha256 of the parameters' paths, dtypes, shapes and bytes: equal for equal weights,
     however they were loaded."""
+    return _fingerprint(_host_leaves(params))
+
+
+def _fingerprint(leaves: list[tuple[list[str], np.ndarray]]) -> str:
     digest = hashlib.sha256()
-    for keys, value in _host_leaves(params):
+    for keys, value in leaves:
         digest.update(json.dumps([keys, str(value.dtype), list(value.shape)]).encode())
         digest.update(np.ascontiguousarray(value).tobytes())
     return digest.hexdigest()
@@ -101,12 +140,14 @@ def save_frozen(path: Path, params: hk.Params) -> None:
     """`path` (`.npz`, arrays `0, 1, …`) and its `.json` (their dict paths, the fingerprint);
     over FROZEN_COPY_LIMIT, the `.json` alone, with the fingerprint."""
     leaves = _host_leaves(params)
-    meta: dict[str, object] = {"fingerprint": fingerprint(params)}
-    if sum(v.nbytes for _, v in leaves) <= FROZEN_COPY_LIMIT:
-        payload = _npz({str(i): v for i, (_, v) in enumerate(leaves)})
-        write_atomic(path, payload)
-        meta |= {"sha256": hashlib.sha256(payload).hexdigest(), "paths": [k for k, _ in leaves]}
-    write_atomic(path.with_suffix(".json"), json.dumps(meta).encode())
+    meta: dict[str, object] = {"fingerprint": _fingerprint(leaves)}
+    if jax.process_index() == 0:
+        if sum(v.nbytes for _, v in leaves) <= FROZEN_COPY_LIMIT:
+            payload = _npz({str(i): v for i, (_, v) in enumerate(leaves)})
+            write_atomic(path, payload)
+            meta |= {"sha256": hashlib.sha256(payload).hexdigest(), "paths": [k for k, _ in leaves]}
+        write_atomic(path.with_suffix(".json"), json.dumps(meta).encode())
+    _written(path)
 
 
 def load_frozen(path: Path) -> tuple[str, hk.Params | None]:
