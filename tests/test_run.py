@@ -213,3 +213,24 @@ def test_i1_batched_vu_init_equals_the_unrolled_reference() -> None:
     for i, name in enumerate(table.names):
         np.testing.assert_array_equal(np.asarray(table.view(batched.V, name)), np.asarray(V_ref[i]))
         np.testing.assert_array_equal(np.asarray(table.view(batched.U, name)), np.asarray(U_ref[i]))
+
+
+def test_ci_probes_label_columns_with_real_subcomponent_indices(
+    tiny_run: RunResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    from pd.train import figures
+    from pd.train.evaluate import ALIVE_THRESHOLD, probe_ci
+
+    drawn: list[Figure] = []
+    monkeypatch.setattr(plt, "close", drawn.append)  # keep the figure to read it
+    d = tiny_run.decomposition
+    assert d.known is not None
+    figures._ci_probes(d.recipe, tiny_run.state, d.frozen, d.known, tmp_path / "p.png")
+    probes = probe_ci(d.recipe, d.ci_params, d.components, d.frozen, 5)
+    for ax, (site, ci) in zip(drawn[0].axes[: len(probes)], probes.items(), strict=True):
+        used = {str(c) for c in np.flatnonzero(ci.max(axis=0) > ALIVE_THRESHOLD)}
+        labels = {t.get_text() for t in ax.get_xticklabels()}
+        assert labels == used, site
