@@ -196,10 +196,7 @@ def run(
             try:
                 latest = checkpoints.latest() if resume else None
                 if latest is None:
-                    state = init_train_state(recipe, init_key, src_key, mesh)
-                    if config.train.faith_warmup_steps > 0:
-                        warm = faith_warmup(recipe, state.components, frozen)
-                        state = state._replace(components=warm)
+                    state = _initial_state(recipe, init_key, src_key, frozen, mesh)
                 else:
                     state = checkpoints.restore(latest, abstract_state(recipe, mesh))
                     log.info("resumed from the checkpoint of step %d", latest)
@@ -254,6 +251,20 @@ def run(
             (tmp_dir / "summary.json").write_text(summary_json)
             compile_times.write(tmp_dir / "compile.json")
     return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe, kind)
+
+
+def _initial_state(
+    recipe: Recipe,
+    init_key: jax.Array,
+    src_key: jax.Array,
+    frozen: hk.Params,
+    mesh: Mesh | None,
+) -> TrainState:
+    """The state at step 0: initialized, then the components' faithfulness warmup."""
+    state = init_train_state(recipe, init_key, src_key, mesh)
+    if recipe.train.faith_warmup_steps > 0:
+        state = state._replace(components=faith_warmup(recipe, state.components, frozen))
+    return state
 
 
 def _first_difference(before: object, now: object, path: str) -> str | None:
