@@ -224,11 +224,9 @@ def evaluate_batch(
 StepFn = Callable[[TrainState, hk.Params, Batch, Key[Array, ""]], tuple[TrainState, Metrics]]
 
 
-def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> StepFn:
-    """One jitted `train_step(state, frozen, batch, run_key)`; frozen params are traced (S18).
-
-    With `shardings` (a mesh run) the new state keeps the placement of the old one.
-    """
+def step_fn(recipe: Recipe) -> StepFn:
+    """`train_step(state, frozen, batch, run_key)` before jit: the pure body that
+    `make_train_step` jits and `pd.train.sweep` vmaps over the members of a sweep."""
     opt_c = component_optimizer(recipe.train)
     opt_ci = ci_optimizer(recipe.train)
     adv = recipe.loss.adversary
@@ -291,8 +289,16 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
         )
         return new, metrics
 
+    return train_step
+
+
+def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> StepFn:
+    """One jitted `train_step(state, frozen, batch, run_key)`; frozen params are traced (S18).
+
+    With `shardings` (a mesh run) the new state keeps the placement of the old one.
+    """
     out = None if shardings is None else (shardings, None)
-    step: StepFn = jax.jit(train_step, donate_argnums=0, out_shardings=out)
+    step: StepFn = jax.jit(step_fn(recipe), donate_argnums=0, out_shardings=out)
     return step
 
 
