@@ -1,6 +1,8 @@
 """Bad input stops with exit status 2 and one sentence, before any compile, writing nothing."""
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -8,13 +10,18 @@ import time
 from pathlib import Path
 
 import gguf
+import haiku as hk
 import jax
 import numpy as np
 import pytest
 from test_gguf_loader import write_gguf
 from test_hf_loader import hf_config, hf_weights
+from test_own_target import mlp, sparse
 
+from pd.targets.haiku import haiku_target
+from pd.train import OwnTarget, load_config, run
 from pd.train.__main__ import main
+from pd.train.run import Diverged
 from pd.train.rundir import MARKER
 
 _compiles: list[str] = []
@@ -96,6 +103,44 @@ def test_unreadable_and_invalid_config_files(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_config_file_that_is_not_utf8_is_one_sentence(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'name = "x"\n\xff\xfe')
+    _fails([str(latin)], capsys, tmp_path / "run", "latin.toml", "not UTF-8", "0xff at offset 11")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_folder_that_cannot_be_made_is_refused_before_the_target_is_loaded(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--out under a file (ENOTDIR), --out that is a file, and --out in a folder pd may not
+    write: one sentence each, nothing compiled (not even the target), nothing written."""
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    _fails(
+        ["tms_5-2"], capsys, file / "run", "notes.txt' is a file, not a folder", "cannot be created"
+    )
+    _fails(
+        ["tms_5-2"],
+        capsys,
+        file / "a" / "run",
+        "notes.txt' is a file, not a folder",
+        "cannot be created",
+    )
+    for flags in ([], ["--overwrite"]):
+        _fails(["tms_5-2", *flags], capsys, file, "notes.txt' is a file, expected a folder")
+    # Tests run as root here, where chmod does not stop a write: the permission is faked.
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != locked and access(p, mode))
+    _fails(["tms_5-2"], capsys, locked / "run", "locked' is not writable")
+    assert file.read_text() == "mine" and sorted(tmp_path.iterdir()) == [locked, file]
+    assert list(locked.iterdir()) == []
+
+
 def test_existing_run_folder_is_refused_and_kept(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -169,6 +214,103 @@ def test_a_diverging_run_stops_with_status_3_and_keeps_the_old_run(tmp_path: Pat
     assert " is nan" in last or " is inf" in last, last
     assert (old / "summary.json").read_text() == '{"kept": 1}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def _with_nan(params: hk.Params) -> hk.Params:
+    bad = {module: dict(weights) for module, weights in params.items()}
+    w = bad["mlp/~/linear_1"]["w"]
+    bad["mlp/~/linear_1"]["w"] = w.at[0, :3].set(np.nan).at[1, 0].set(np.inf)
+    return bad
+
+
+def test_a_nan_in_the_targets_weights_stops_before_the_run_folder_is_made(
+    tmp_path: Path,
+) -> None:
+    params = _with_nan(hk.transform(mlp).init(jax.random.key(0), sparse(0)))
+    target = haiku_target(mlp, params, sparse(0), {"mlp/~/linear_*": 4})
+    with pytest.raises(Diverged) as caught:
+        run(load_config("tms_5-2"), tmp_path / "run", own=OwnTarget(target, params, sparse))
+    said = str(caught.value)
+    assert said.startswith("the target's weight 'mlp/~/linear_1/w' has 3 NaN and 1 infinite of "), (
+        said
+    )
+    assert "expected finite weights" in said and "\n" not in said
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_nan_weight_from_the_command_line_is_status_3(tmp_path: Path) -> None:
+    """A factory target (`target = { factory = "module:build" }`) whose weights hold a NaN."""
+    (tmp_path / "nan_model.py").write_text(
+        "import haiku as hk, jax\n"
+        "from pd.targets.haiku import haiku_target\n"
+        "from pd.train import OwnTarget\n"
+        "def mlp(x):\n"
+        "    return hk.nets.MLP([16, 8], name='mlp')(x)\n"
+        "def batches(step):\n"
+        "    return jax.random.uniform(jax.random.fold_in(jax.random.key(7), step), (64, 8))\n"
+        "def build() -> OwnTarget:\n"
+        "    params = hk.transform(mlp).init(jax.random.key(0), batches(0))\n"
+        "    target = haiku_target(mlp, params, batches(0), {'mlp/~/linear_1': 4})\n"
+        "    b = params['mlp/~/linear_0']['b'].at[5].set(float('nan'))\n"
+        "    params['mlp/~/linear_0'] = {**params['mlp/~/linear_0'], 'b': b}\n"
+        "    return OwnTarget(target, params, batches)  # as from a damaged checkpoint\n"
+    )
+    argv = [
+        "tms_5-2",
+        "--set",
+        'target={factory="nan_model:build"}',
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pd.train", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
+    )
+    assert proc.returncode == 3, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (
+        "error: the target's weight 'mlp/~/linear_0/b' has 1 NaN of its 16 entries, expected "
+        "finite weights (the target diverged or its checkpoint is damaged)"
+    ), last
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nan_model.py"]
+
+
+def test_out_of_memory_is_one_sentence_with_the_size_and_leaves_no_folder(
+    tmp_path: Path,
+) -> None:
+    """A C too large for the memory (under an 8 GB address-space cap, so that the test cannot
+    take the machine's memory): status 2, the size that failed, no partial folder left. Before,
+    the run waited forever: jax 0.10.2 on a CPU never answers `int()` of a failed result."""
+    argv = [
+        "tms_5-2",
+        "--set",
+        "C=20000000",
+        "--set",
+        "train.steps=1",
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    capped = (
+        "import resource, runpy, sys; "
+        f"resource.setrlimit(resource.RLIMIT_AS, ({8 * 10**9}, {8 * 10**9})); "
+        f"sys.argv = ['pd.train', *{argv!r}]; "
+        "runpy.run_module('pd.train', run_name='__main__', alter_sys=True)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", capped], capture_output=True, text=True, check=False, timeout=300
+    )
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"error: out of memory on cpu: allocating [\d.]+ [MGT]iB failed \(.*Out of memory "
+        r"allocating \d+ bytes\), expected a smaller C, train\.batch or target \(or a device "
+        r"with more memory\); no run folder was written \(.*\)",
+        last,
+    ), last
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_exit_status_from_the_command_line(tmp_path: Path) -> None:

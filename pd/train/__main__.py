@@ -1,12 +1,14 @@
 """`python -m pd.train PRESET_OR_FILE [--set key=value ...] [--out DIR] [--overwrite] [--resume]`.
 
-Exit status: 0 done; 2 a bad input (one sentence, before anything is compiled or written);
-3 training diverged; 130 / 143 stopped by Ctrl-C / SIGTERM (with a checkpoint to resume from,
-once one was saved).
+Exit status: 0 done; 2 a bad input (one sentence, before anything is compiled or written) or a
+run too large for the memory (one sentence with the size that failed); 3 non-finite numbers (a NaN
+or an infinity in the target's weights, or training diverged); 130 / 143 stopped by Ctrl-C /
+SIGTERM (with a checkpoint to resume from, once one was saved).
 """
 
 import argparse
 import os
+import re
 import shlex
 import signal
 import sys
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             return _compile_only(config)
         out = args.out if args.out is not None else Path("runs") / config.name
         check_destination(out, args.overwrite, args.resume)
+        _check_creatable(out)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -64,6 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     except Diverged as err:  # nothing was written; an earlier run in the folder is kept
         print(f"error: {err}", file=sys.stderr)
         return 3
+    except (jax.errors.JaxRuntimeError, MemoryError) as err:
+        oom = _out_of_memory(err)
+        if oom is None:
+            raise
+        steps = checkpoint_steps(partial_dir(out))
+        kept = (
+            f"the run is kept in {partial_dir(out)} (checkpoint at step {steps[-1]})"
+            if steps
+            else f"no run folder was written ({out} is as it was)"
+        )
+        print(f"error: {oom}; {kept}", file=sys.stderr)
+        return 2
     except (KeyboardInterrupt, Terminated) as err:
         how = "by SIGTERM" if isinstance(err, Terminated) else "by Ctrl-C"
         steps = checkpoint_steps(partial_dir(out))
@@ -84,6 +99,59 @@ def main(argv: list[str] | None = None) -> int:
     print(result.compile_times.table())
     print(f"run folder: {result.run_dir}")
     return 0
+
+
+def _check_creatable(out: Path) -> None:
+    """Refuse a run folder that cannot be made (a file on its path, or a folder pd may not
+    write), before the target is loaded or anything compiled."""
+    existing = out.absolute().parent  # the partial folder is made beside the run folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(
+            f"run folder '{out}' cannot be created ('{existing}' is a file, not a folder), "
+            "expected a folder to create it in"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"run folder '{out}' cannot be created ('{existing}' is not writable), expected a "
+            "writable folder"
+        )
+
+
+_BYTES = re.compile(r"(\d+) ?(?:bytes|B)\b")
+_UNITS = re.compile(r"(\d+(?:\.\d+)?) ?([KMGT])i?B\b")
+
+
+def _out_of_memory(err: BaseException) -> str | None:
+    """The sentence for an allocation that failed (XLA's RESOURCE_EXHAUSTED, at compile or run
+    time, or numpy's MemoryError), with the size it asked for; None for any other error."""
+    text = str(err).strip()
+    lower = text.lower()
+    if not isinstance(err, MemoryError) and not (
+        "out of memory" in lower or ("resource_exhausted" in lower and "alloc" in lower)
+    ):
+        return None
+    first = text.splitlines()[0].rstrip(".") if text else type(err).__name__
+    if (exact := _BYTES.search(text)) is not None:
+        size = _size(int(exact.group(1)))
+    elif (unit := _UNITS.search(text)) is not None:
+        size = f"{unit.group(1)} {unit.group(2)}iB"
+    else:
+        size = None
+    where = "on the host" if isinstance(err, MemoryError) else f"on {jax.default_backend()}"
+    what = f"allocating {size} failed" if size else "an allocation failed"
+    return (
+        f"out of memory {where}: {what} ({first[:200]}), expected a smaller C, train.batch or "
+        "target (or a device with more memory)"
+    )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
 
 
 def _compile_only(config: RunConfig) -> int:

@@ -288,9 +288,15 @@ def load_raw(preset_or_file: str) -> dict[str, object]:
     path = Path(preset_or_file)
     if path.suffix == ".toml" or path.exists():
         try:
-            return _read_toml(path.read_text(), str(path))
+            text = path.read_text(encoding="utf-8")
         except OSError as err:
             raise ConfigError(f"config file '{path}' cannot be read ({err.strerror})") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"config file '{path}' is not UTF-8 text (byte {err.object[err.start]:#04x} at "
+                f"offset {err.start}), expected a TOML file"
+            ) from None
+        return _read_toml(text, str(path))
     raise ConfigError(
         f"'{preset_or_file}' is neither a preset nor a config file, expected one of "
         f"{', '.join(preset_names())} or a path to a .toml file"

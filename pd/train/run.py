@@ -11,6 +11,7 @@ from pathlib import Path
 
 import haiku as hk
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from pd.compile_times import CompileTimes, recording
@@ -46,8 +47,9 @@ log = logging.getLogger(__name__)
 
 
 class Diverged(RuntimeError):
-    """Training produced a non-finite loss or gradient norm; the message names the step and
-    the term."""
+    """Non-finite numbers (exit status 3 from the command line): a NaN or an infinity in the
+    target's frozen weights (the message names the parameter, found before the run folder is
+    made) or a non-finite loss or gradient norm in training (it names the step and the term)."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,7 @@ def run(
         except CheckpointError as err:
             raise ConfigError(str(err)) from None
         log.info("target ready (%s)", trained.describe())
+        _check_finite(trained.params)
         with staged(run_dir, overwrite, resume) as tmp_dir:
             config_json = json.dumps(dataclasses.asdict(config), indent=2, allow_nan=False)
             (tmp_dir / "config.json").write_text(config_json)
@@ -200,6 +203,10 @@ def run(
                 else:
                     state = checkpoints.restore(latest, abstract_state(recipe, mesh))
                     log.info("resumed from the checkpoint of step %d", latest)
+                # A failed allocation (out of memory) raises here; jax 0.10.2 on a CPU would
+                # wait forever reading a value (`int(state.step)`) of a computation that failed.
+                for leaf in jax.tree.leaves(state):
+                    leaf.block_until_ready()
                 batches = make_batches(config, recipe, run_key, mesh, kind=kind)
                 eval_batches = make_batches(config, recipe, run_key, mesh, True, kind)
 
@@ -265,6 +272,44 @@ def _initial_state(
     if recipe.train.faith_warmup_steps > 0:
         state = state._replace(components=faith_warmup(recipe, state.components, frozen))
     return state
+
+
+@jax.jit
+def _non_finite_counts(ws: list[jax.Array]) -> list[jax.Array]:
+    """How many entries of each array are NaN or infinite (one pass each, no copies)."""
+    return [jnp.sum(~jnp.isfinite(w)) for w in ws]
+
+
+def _key_name(key: object) -> str:
+    """A parameter path's part as haiku names it: the module, then the parameter."""
+    for attr in ("key", "name", "idx"):  # DictKey, GetAttrKey, SequenceKey
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _check_finite(params: hk.Params) -> None:
+    """Refuse frozen weights that hold a NaN or an infinity, with one sentence naming the
+    first such parameter; one jitted reduction over them and one small `device_get`."""
+    leaves = [
+        ("/".join(_key_name(k) for k in path), w)
+        for path, w in jax.tree_util.tree_leaves_with_path(params)
+        if jnp.issubdtype(jnp.result_type(w), jnp.inexact)
+    ]
+    counts = jax.device_get(_non_finite_counts([w for _, w in leaves]))
+    found = [(name, w, int(n)) for (name, w), n in zip(leaves, counts, strict=True) if n]
+    if found:
+        name, w, bad = found[0]
+        nans = int(jnp.isnan(w).sum())
+        what = " and ".join(
+            f"{n} {kind}" for n, kind in ((nans, "NaN"), (bad - nans, "infinite")) if n
+        )
+        more = len(found) - 1
+        others = f" (and {more} more parameter{'s' * (more > 1)})" if more else ""
+        raise Diverged(
+            f"the target's weight '{name}' has {what} of its {jnp.size(w)} entries{others}, "
+            "expected finite weights (the target diverged or its checkpoint is damaged)"
+        )
 
 
 def _first_difference(before: object, now: object, path: str) -> str | None:

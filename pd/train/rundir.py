@@ -56,6 +56,11 @@ def check_destination(run_dir: Path, overwrite: bool, resume: bool = False) -> N
 def _check_replaceable(run_dir: Path, overwrite: bool) -> None:
     if not run_dir.exists():
         return
+    if run_dir.is_file():
+        raise ConfigError(
+            f"run folder '{run_dir}' is a file, expected a folder (a new one, or a pd run to "
+            "overwrite)"
+        )
     if not overwrite:
         raise ConfigError(
             f"run folder '{run_dir}' already exists, expected a new folder (or pass --overwrite)"
