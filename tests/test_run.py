@@ -234,3 +234,16 @@ def test_ci_probes_label_columns_with_real_subcomponent_indices(
         used = {str(c) for c in np.flatnonzero(ci.max(axis=0) > ALIVE_THRESHOLD)}
         labels = {t.get_text() for t in ax.get_xticklabels()}
         assert labels == used, site
+
+
+def test_a_run_writes_tensorboard_events_tensorboard_reads(tiny_run: RunResult) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tiny_run.run_dir / "tensorboard"))
+    events.Reload()
+    rows = [
+        json.loads(line) for line in (tiny_run.run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+    curve = events.Scalars("loss/total")
+    assert [e.step for e in curve] == [r["step"] for r in rows]
+    np.testing.assert_allclose([e.value for e in curve], [r["loss/total"] for r in rows], rtol=1e-6)
