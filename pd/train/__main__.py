@@ -1,4 +1,5 @@
-"""`python -m pd.train PRESET_OR_FILE [--set key=value ...] [--out DIR] [--overwrite] [--resume]`.
+"""`python -m pd.train PRESET_OR_FILE [--set key=value ...] [--out DIR] [--overwrite] [--resume]`;
+`python -m pd.train sweep PRESET_OR_FILE --seeds 0-15 ...` trains many at once (`pd.train.sweep`).
 
 Exit status: 0 done; 2 a bad input (one sentence, before anything is compiled or written) or a
 run too large for the memory (one sentence with the size that failed); 3 non-finite numbers (a NaN
@@ -25,6 +26,11 @@ from pd.train.signals import Terminated, raise_terminated
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["sweep"]:
+        from pd.train.sweep import main as sweep_main
+
+        return sweep_main(given[1:])
     parser = argparse.ArgumentParser(prog="python -m pd.train", description=__doc__)
     parser.add_argument("config", help=f"a preset ({', '.join(preset_names())}) or a .toml file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")

@@ -1,0 +1,106 @@
+"""Wall time and throughput of N decompositions as one sweep against N runs one after another.
+
+    python bench/sweep.py [PRESET] [--n 16] [--set key=value ...] [--per-program K ...]
+        [--cpu-devices D] [--skip-sequential]
+
+Both sides start from an empty target cache of their own (the target is trained once on each
+side: the sequential runs after the first read it from the cache) and include every compile;
+the sequential runs are `pd.train.run` calls in this one process (no interpreter start-up per
+run, which favours them). Both write their run folders under a temporary folder, with the
+same config (`--set` applies to both). `--per-program K` (repeatable) also times the sweep
+with K members per program; `--cpu-devices D` starts jax with D CPU devices, as
+`python -m pd.train sweep` does with one per core. Prints the sweep's table, one row per side
+(wall seconds, member-steps per second, speedup over the sequential runs) and whether each
+member's verdict (recovered or not) is the one its run alone reached.
+"""
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+from pd.log import setup_logging
+from pd.train import load_config, run
+from pd.train.sweep import VERDICT_KEYS, default_members_per_program, seed_sweep, sweep
+
+
+def timed_sequential(
+    preset: str, overrides: list[str], n: int, folder: Path
+) -> tuple[float, list[bool | None]]:
+    """The wall time of `n` runs, seeds 0 … n − 1, and whether each recovered the answer."""
+    os.environ["PD_CACHE_DIR"] = str(folder / "cache-sequential")
+    t0, verdicts = time.perf_counter(), []
+    for seed in range(n):
+        config = load_config(preset, [*overrides, f"seed={seed}"])
+        summary = run(config, folder / f"run-{seed}").summary
+        errors = [v for k, v in summary.items() if k.startswith(VERDICT_KEYS)]
+        verdicts.append(all(e == 0.0 for e in errors) if errors else None)
+    return time.perf_counter() - t0, verdicts
+
+
+def timed_sweep(
+    preset: str, overrides: list[str], n: int, folder: Path, per_program: int | None
+) -> tuple[float, list[bool | None], str]:
+    """The wall time of the sweep of seeds 0 … n − 1, each member's verdict and the table."""
+    os.environ["PD_CACHE_DIR"] = str(folder / f"cache-sweep-{per_program}")
+    t0 = time.perf_counter()
+    result = sweep(
+        seed_sweep(load_config(preset, overrides), range(n)),
+        folder / f"sweep-{per_program}",
+        members_per_program=per_program,
+    )
+    wall = time.perf_counter() - t0
+    return wall, [m.recovered for m in result.members], result.table()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("preset", nargs="?", default="tms_5-2")
+    parser.add_argument("--n", type=int, default=16)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--per-program", type=int, action="append", default=[])
+    parser.add_argument("--skip-sequential", action="store_true")
+    parser.add_argument(
+        "--cpu-devices", type=int, default=0, help="simulated CPU devices (0: jax's default)"
+    )
+    args = parser.parse_args()
+    if args.cpu_devices:  # before anything starts the backend
+        set_option: Callable[[str, object], None] = jax.config.update  # unannotated upstream
+        set_option("jax_num_cpu_devices", args.cpu_devices)
+    setup_logging()
+    steps = load_config(args.preset, args.overrides).train.steps
+    member_steps = args.n * steps
+    print(f"{args.preset}, {args.n} members x {steps} steps, {jax.devices()}", flush=True)
+    rows: list[tuple[str, float]] = []
+    swept: list[bool | None] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for per_program in [None, *args.per_program]:
+            wall, verdicts, table = timed_sweep(
+                args.preset, args.overrides, args.n, folder, per_program
+            )
+            per = per_program or default_members_per_program(jax.devices()) or args.n
+            label = f"sweep, {min(per, args.n)} per program"
+            rows.append((label, wall))
+            swept = swept or verdicts
+            print(f"{label}: {wall:.1f} s\n{table}", flush=True)
+        sequential, alone = None, list[bool | None]()
+        if not args.skip_sequential:
+            sequential, alone = timed_sequential(args.preset, args.overrides, args.n, folder)
+            rows.append(("sequential runs", sequential))
+    print(f"\n{'side':<28} {'wall s':>8} {'member-steps/s':>15} {'speedup':>8}")
+    for label, wall in rows:
+        speedup = f"{sequential / wall:8.2f}" if sequential is not None else f"{'-':>8}"
+        print(f"{label:<28} {wall:8.1f} {member_steps / wall:15.1f} {speedup}")
+    if alone:
+        same = sum(a == b for a, b in zip(swept, alone, strict=True))
+        print(f"recovered: sweep {swept.count(True)}, runs alone {alone.count(True)} of {args.n}")
+        print(f"the same verdict as the run alone: {same} of {args.n} members")
+
+
+if __name__ == "__main__":
+    main()

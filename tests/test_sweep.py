@@ -1,0 +1,193 @@
+"""Sweeps (`pd.train.sweep`): each member follows the run of its seed alone, one run folder per
+member plus the summary table, and bad `--seeds` or `--grid` specs are one sentence."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import pd
+from pd.train import load_config, run
+from pd.train.__main__ import main
+from pd.train.config import ConfigError
+from pd.train.rundir import MARKER
+from pd.train.sweep import SweepResult, load_sweep, parse_seeds, seed_sweep, sweep
+
+TINY = [
+    "train.steps=6",
+    "train.batch=256",
+    "train.log_every=2",
+    "train.faith_warmup_steps=5",
+    "train.tensorboard=false",
+    "eval.n_samples=2000",
+    "eval.batch=1000",
+    "eval.figures=false",
+    "target.train_steps=1500",
+    "target.train_batch=1024",
+]
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "decomposition.npz", "frozen.npz")
+
+
+def _rows(folder: Path) -> list[dict[str, float]]:
+    """metrics.jsonl without its time keys (wall clock)."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def _assert_close(a: object, b: object) -> None:
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def one_device_sweep(tmp_path_factory: pytest.TempPathFactory) -> SweepResult:
+    """Three seeds vmapped in one program on one device (a real batch of members)."""
+    config = load_config("tms_5-2", TINY)
+    spec = seed_sweep(config, [0, 1, 2])
+    out = tmp_path_factory.mktemp("sweeps") / "one-device"
+    return sweep(spec, out, members_per_program=3, devices=jax.devices()[:1])
+
+
+def test_members_follow_the_runs_of_their_seeds_alone(
+    one_device_sweep: SweepResult, tmp_path: Path
+) -> None:
+    """Member i equals `run` of its config to 1e-5: state, logged rows and summary."""
+    for member in (one_device_sweep.members[0], one_device_sweep.members[2]):
+        alone = run(member.member.config, tmp_path / member.member.name)
+        assert int(member.state.step) == int(alone.state.step) == 6
+        _assert_close(member.state, alone.state)
+        assert member.run_dir is not None
+        swept_rows, alone_rows = _rows(member.run_dir), _rows(alone.run_dir)
+        assert [r["step"] for r in swept_rows] == [r["step"] for r in alone_rows] == [0, 2, 4, 5]
+        for r, s in zip(swept_rows, alone_rows, strict=True):
+            assert r.keys() == s.keys()
+            _assert_close([r[k] for k in sorted(r)], [s[k] for k in sorted(s)])
+        assert member.summary.keys() - {"time/total_s"} == alone.summary.keys() - {"time/total_s"}
+        for key in ("identity_ci_error_0.1/linear1", "identity_ci_error_0.1/linear2"):
+            assert member.summary[key] == alone.summary[key], key
+        assert member.recovered is (
+            alone.summary["identity_ci_error_0.1/linear1"] == 0
+            and alone.summary["identity_ci_error_0.1/linear2"] == 0
+        )
+
+
+def test_the_sweep_folder_holds_a_run_folder_per_member_and_the_table(
+    one_device_sweep: SweepResult,
+) -> None:
+    folder = one_device_sweep.sweep_dir
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["seed-0", "seed-1", "seed-2"]
+    record = json.loads((folder / "sweep.json").read_text())
+    assert [m["name"] for m in record["members"]] == ["seed-0", "seed-1", "seed-2"]
+    assert [m["seed"] for m in record["members"]] == [0, 1, 2]
+    assert record["n_recovered"] == one_device_sweep.n_recovered
+    for m, result in zip(record["members"], one_device_sweep.members, strict=True):
+        member_dir = folder / m["name"]
+        assert result.run_dir == member_dir
+        for name in (*RUN_FILES, "compile.json", MARKER):
+            assert (member_dir / name).is_file(), (m["name"], name)
+        assert json.loads((member_dir / "summary.json").read_text()) == m["summary"]
+        config = json.loads((member_dir / "config.json").read_text())
+        assert config["seed"] == m["seed"] and config["target"]["seed"] == 0
+    table = (folder / "sweep.txt").read_text()
+    assert "recovered" in table and "id_err/linear1" in table and "mmcs/linear1" in table
+    d = pd.load(folder / "seed-1")
+    np.testing.assert_array_equal(
+        np.asarray(d.V["linear1"]),
+        np.asarray(d.recipe.table.view(one_device_sweep.members[1].state.components.V, "linear1")),
+    )
+
+
+def test_the_cli_sweeps_over_the_devices_and_a_grid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two seeds × two importance coefficients: two groups, each spread over the (simulated)
+    devices; one folder per member, the table on stdout; `train.eval_every` evaluates each
+    member during training, as a run does."""
+    sets = [a for t in [*TINY, "train.eval_every=4"] for a in ("--set", t)]
+    out = tmp_path / "grid"
+    argv = ["sweep", "tms_5-2", "--seeds", "0-1", "--grid", "loss.importance=[1e-3,3e-3]"]
+    assert main([*argv, *sets, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "recovered" in printed and "sweep folder:" in printed
+    groups = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert groups == ["loss.importance=0.001", "loss.importance=0.003"]
+    for group, value in zip(groups, (1e-3, 3e-3), strict=True):
+        for seed in (0, 1):
+            member_dir = out / group / f"seed-{seed}"
+            for name in RUN_FILES:
+                assert (member_dir / name).is_file(), (member_dir, name)
+            config = json.loads((member_dir / "config.json").read_text())
+            assert config["loss"]["importance"] == value and config["seed"] == seed
+            evaluated = [r["step"] for r in _rows(member_dir) if "eval/alive/linear1" in r]
+            assert evaluated == [0, 4]  # as `run` evaluates: every 4 steps, not the last
+    record = json.loads((out / "sweep.json").read_text())
+    assert len(record["members"]) == 4
+
+
+def test_a_member_with_its_own_target_follows_its_run_alone(tmp_path: Path) -> None:
+    """`vary_target_seed`: each member's target is trained with its seed; the frozen
+    parameters are stacked along the member axis."""
+    config = load_config("tms_5-2", TINY)
+    spec = seed_sweep(config, [0, 1], vary_target_seed=True)
+    assert [dataclasses.asdict(m.config.target)["seed"] for m in spec.members] == [0, 1]
+    result = sweep(spec, tmp_path / "targets", devices=jax.devices()[:1])
+    a, b = result.members
+    leaves = zip(jax.tree.leaves(a.frozen), jax.tree.leaves(b.frozen), strict=True)
+    assert not all(np.array_equal(x, y) for x, y in leaves)
+    alone = run(b.member.config, tmp_path / "alone")
+    _assert_close(b.frozen, alone.frozen)
+    _assert_close(b.state, alone.state)
+
+
+def test_diverged_members_are_reported_and_get_no_folder(tmp_path: Path) -> None:
+    """A group whose learning rate makes the loss non-finite: its members are in the table with
+    the sentence a run stops with; the other group's members are written as usual."""
+    spec = load_sweep("tms_5-2", [0], TINY, ["train.lr.start=[1e-3,1e30]"])
+    result = sweep(spec, tmp_path / "sweep")
+    fine, diverged = result.members
+    assert fine.run_dir is not None and fine.run_dir.is_dir() and not fine.diverged
+    assert diverged.run_dir is None and diverged.recovered is False
+    assert diverged.diverged.startswith("training diverged at step ")
+    assert not (tmp_path / "sweep" / diverged.member.name).exists()
+    assert "training diverged at step " in result.table()
+
+
+@pytest.mark.parametrize("spec", ["5-2", "a", "1,,2", "0-3,2", "", "-1", "1-", "٣"])
+def test_a_bad_seeds_spec_is_one_sentence(
+    spec: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sweep"
+    assert main(["sweep", "tms_5-2", "--seeds", spec, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --seeds ") and err.count("\n") == 0, err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "grid", ["loss.importance=1e-3", "loss.importance=[]", "=[1]", "loss.importance"]
+)
+def test_a_bad_grid_is_one_sentence(
+    grid: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["sweep", "tms_5-2", "--seeds", "0", "--grid", grid, "--out", str(tmp_path / "s")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --grid ") and err.count("\n") == 0, err
+
+
+def test_seed_specs_and_grids_name_their_members() -> None:
+    assert parse_seeds("0-3,8, 10-11") == (0, 1, 2, 3, 8, 10, 11)
+    spec = load_sweep("tms_5-2", [3, 4], grid=["C=[10,20]", "loss.p.start=[1.0]"])
+    assert [m.name for m in spec.members] == [
+        "C=10/loss.p.start=1.0/seed-3",
+        "C=10/loss.p.start=1.0/seed-4",
+        "C=20/loss.p.start=1.0/seed-3",
+        "C=20/loss.p.start=1.0/seed-4",
+    ]
+    assert [m.config.C for m in spec.members] == [10, 10, 20, 20]
+    assert spec.name == "tms_5-2"
+    with pytest.raises(ConfigError, match="config key 'C' is 0"):
+        load_sweep("tms_5-2", [0], grid=["C=[0]"])
