@@ -133,7 +133,7 @@ def test_a_member_with_its_own_target_follows_its_run_alone(tmp_path: Path) -> N
     config = load_config("tms_5-2", TINY)
     spec = seed_sweep(config, [0, 1], vary_target_seed=True)
     assert [dataclasses.asdict(m.config.target)["seed"] for m in spec.members] == [0, 1]
-    result = sweep(spec, tmp_path / "targets", devices=jax.devices()[:1])
+    result = sweep(spec, tmp_path / "targets", members_per_program=2, devices=jax.devices()[:1])
     a, b = result.members
     leaves = zip(jax.tree.leaves(a.frozen), jax.tree.leaves(b.frozen), strict=True)
     assert not all(np.array_equal(x, y) for x, y in leaves)

@@ -18,11 +18,12 @@ about 1e-5 after a few steps rather than bit for bit (tests/test_sweep.py).
 
 A group's members are vmapped `members_per_program` at a time, each such program sharded over
 the devices along the member axis (`shard_map`: no member talks to another). On accelerators
-the default is the whole group at once. On CPU devices it is 2 members per device: the step
-of a toy is compute- and memory-bound there, so a wider vmap only makes each member's step
-slower once its arrays outgrow the caches; what a CPU sweep saves is one compile, one target
-and one process for all members, plus the cores a single small run leaves idle (the CLI
-starts one CPU device per core).
+the default is the whole group at once. On CPU devices it is one member per device: the step
+of a toy is compute- and memory-bound there, so a wider vmap does not make a member's step
+cheaper (tms_5-2 on 2 cores, ms per member-step, medians of 3: alone 3.97; 2 vmapped on one
+device 3.85; one on each of 2 devices 3.48; 2 on each 3.86; 4 on one device 7.9, its arrays
+outgrow the caches). What a CPU sweep saves is one compile, one target and one process for all
+members, plus the core a single small run leaves idle (the CLI starts one CPU device per core).
 
 Sweeps write no checkpoints and cannot be resumed; a member whose numbers turn non-finite is
 reported in the table and gets no run folder, as a single run would; the others go on.
@@ -555,15 +556,10 @@ class _Chunk:
         return host_final, diverged
 
 
-CPU_MEMBERS_PER_DEVICE = 2  # measured on 2 cores: from 4 members per device on, the batched
-# step's arrays outgrow the caches and each member's step costs twice what it costs alone
-
-
 def default_members_per_program(devices: Sequence[jax.Device]) -> int | None:
-    """All of a group's members at once (None) on accelerators; on CPU devices, 2 per device."""
-    if devices[0].platform == "cpu":
-        return CPU_MEMBERS_PER_DEVICE * len(devices)
-    return None
+    """All of a group's members at once (None) on accelerators; on CPU devices, one per device
+    (see the module's docstring for the measurement)."""
+    return len(devices) if devices[0].platform == "cpu" else None
 
 
 def _run_group(
