@@ -357,7 +357,8 @@ StackedStep = Callable[[TrainState, hk.Params, Batch, Key[Array, " n"]], tuple[T
 
 @dataclass(frozen=True)
 class _Programs:
-    """A group's jitted functions over stacked members, named as a single run's are."""
+    """A group's jitted functions over stacked members, named as a single run's are (the
+    monitors of logged steps: `monitor_step`, where a run calls its `eval_step`)."""
 
     init: Callable[[Key[Array, " n"], Key[Array, " n"]], TrainState]
     warmup: Callable[[TrainState, hk.Params], TrainState]
@@ -376,7 +377,7 @@ def _programs(group: _Group, mesh: Mesh, stacked_frozen: bool) -> _Programs:
     def faithfulness_warmup(state: TrainState, frozen: hk.Params) -> TrainState:
         return state._replace(components=faith_warmup(recipe, state.components, frozen))
 
-    def eval_step(
+    def monitor_step(
         state: TrainState, frozen: hk.Params, x: Batch, run_key: Key[Array, ""], step: jax.Array
     ) -> Metrics:
         # The monitors of a logged step, on its batch, as `pd.train.run` computes them.
@@ -391,7 +392,7 @@ def _programs(group: _Group, mesh: Mesh, stacked_frozen: bool) -> _Programs:
         init=_per_member(init_train_state, mesh, (MEMBERS, MEMBERS)),
         warmup=_per_member(faithfulness_warmup, mesh, (MEMBERS, frozen), donate=True),
         step=_per_member(step_fn(recipe), mesh, (MEMBERS, frozen, MEMBERS, MEMBERS), True),
-        monitors=_per_member(eval_step, mesh, (MEMBERS, frozen, MEMBERS, MEMBERS, SHARED)),
+        monitors=_per_member(monitor_step, mesh, (MEMBERS, frozen, MEMBERS, MEMBERS, SHARED)),
         sample=sample,
     )
 
@@ -594,6 +595,10 @@ def _run_group(
         start += size
         indices += [indices[-1]] * (-size % n_devices)
         chunk = _Chunk(group, programs, mesh, indices, size, trained, stacked_frozen)
+        names = ", ".join(m.name for m in chunk.members[:size])
+        log.info(
+            "training %s (%d per device, %d devices)", names, len(indices) // n_devices, n_devices
+        )
         results += _train_chunk(chunk, tmp_dir, sweep_dir, t0)
     return results
 
