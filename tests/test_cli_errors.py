@@ -241,19 +241,14 @@ def test_a_nan_in_the_targets_weights_stops_before_the_run_folder_is_made(
 def test_a_nan_weight_from_the_command_line_is_status_3(tmp_path: Path) -> None:
     """A factory target (`target = { factory = "module:build" }`) whose weights hold a NaN."""
     (tmp_path / "nan_model.py").write_text(
-        "import haiku as hk, jax\n"
-        "from pd.targets.haiku import haiku_target\n"
-        "from pd.train import OwnTarget\n"
-        "def mlp(x):\n"
-        "    return hk.nets.MLP([16, 8], name='mlp')(x)\n"
-        "def batches(step):\n"
-        "    return jax.random.uniform(jax.random.fold_in(jax.random.key(7), step), (64, 8))\n"
-        "def build() -> OwnTarget:\n"
-        "    params = hk.transform(mlp).init(jax.random.key(0), batches(0))\n"
-        "    target = haiku_target(mlp, params, batches(0), {'mlp/~/linear_1': 4})\n"
-        "    b = params['mlp/~/linear_0']['b'].at[5].set(float('nan'))\n"
-        "    params['mlp/~/linear_0'] = {**params['mlp/~/linear_0'], 'b': b}\n"
-        "    return OwnTarget(target, params, batches)  # as from a damaged checkpoint\n"
+        "import dataclasses\n"
+        "import jax.numpy as jnp\n"
+        "from pd.testing import tiny_target\n"
+        "def build():\n"
+        "    own = tiny_target(C=4)\n"
+        "    layer = own.frozen['mlp/~/linear_0']\n"
+        "    bad = {**layer, 'b': layer['b'].at[5].set(jnp.nan)}  # as from a damaged checkpoint\n"
+        "    return dataclasses.replace(own, frozen={**own.frozen, 'mlp/~/linear_0': bad})\n"
     )
     argv = [
         "tms_5-2",

@@ -64,41 +64,25 @@ def test_a_users_haiku_mlp_is_decomposed_through_run(tmp_path: Path) -> None:
     assert "identity_ci_error_0.1/mlp/~/linear_0" not in summary  # no known answer declared
 
 
-def test_a_target_factory_named_in_the_config_is_run_and_loaded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A user's module on the path, as `target = { factory = "users_models:build" }` names it.
-    (tmp_path / "users_models.py").write_text(
-        "import haiku as hk, jax\n"
-        "from pd.targets.haiku import haiku_target\n"
-        "from pd.train import OwnTarget\n"
-        "def mlp(x):\n"
-        "    return hk.nets.MLP([16, 8], name='mlp')(x)\n"
-        "def batches(step):\n"
-        "    return jax.random.uniform(jax.random.fold_in(jax.random.key(7), step), (64, 8))\n"
-        "def build() -> OwnTarget:\n"
-        "    params = hk.transform(mlp).init(jax.random.key(0), batches(0))\n"
-        "    target = haiku_target(mlp, params, batches(0), {'mlp/~/linear_1': 4})\n"
-        "    return OwnTarget(target, params, batches)\n"
-        "def nothing() -> int:\n"
-        "    return 3\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+def test_a_target_factory_named_in_the_config_is_run_and_loaded(tmp_path: Path) -> None:
+    # `pd.testing.tiny_target` is such a function: no arguments, an OwnTarget back.
     short = ["train.steps=3", "train.faith_warmup_steps=2", "eval.n_samples=256", "eval.batch=256"]
-    config = load_config("tms_5-2", [*short, 'target={factory="users_models:build"}'])
+    config = load_config("tms_5-2", [*short, 'target={factory="pd.testing:tiny_target"}'])
     result = run(config, tmp_path / "factory")
     loaded = pd.load(tmp_path / "factory")  # the factory rebuilds the target; weights checked
-    assert loaded.sites == ("mlp/~/linear_1",) and "mse/ci_masked" in result.summary
+    assert (
+        loaded.sites == ("mlp/~/linear_0", "mlp/~/linear_1") and "mse/ci_masked" in result.summary
+    )
     x = loaded.batch(1)
     np.testing.assert_array_equal(
         np.asarray(loaded.ci(x)["mlp/~/linear_1"]),
         np.asarray(result.decomposition.ci(x)["mlp/~/linear_1"]),
     )
     for spec, says in (
-        ("users_models", "expected 'package.module:function'"),
+        ("pd.testing", "expected 'package.module:function'"),
         ("no_such_module:build", "whose module cannot be imported"),
-        ("users_models:absent", "has no function 'absent'"),
-        ("users_models:nothing", "returned a int, expected a pd.train.OwnTarget"),
+        ("pd.testing:absent", "has no function 'absent'"),
+        ("os:getcwd", "returned a str, expected a pd.train.OwnTarget"),
     ):
         with pytest.raises(ConfigError, match=says):
             run(load_config("tms_5-2", [*short, f'target={{factory="{spec}"}}']), tmp_path / "x")

@@ -24,6 +24,7 @@ from pd.state import TrainState
 from pd.targets.base import Batch
 from pd.targets.configs import FactoryConfig
 from pd.targets.hf import CheckpointError
+from pd.targets.train import TrainedTarget
 from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig
 from pd.train.decomposition import Decomposition
@@ -247,17 +248,31 @@ def run(
                     )
             finally:
                 checkpoints.close()
-            checkpoint.save(tmp_dir / "decomposition.npz", (state.components, state.ci_params))
-            checkpoint.save_frozen(tmp_dir / "frozen.npz", trained.params)
-            summary = evaluation(state, tmp_dir)
-            summary["target/attempt"] = float(trained.attempt)
-            if math.isfinite(trained.loss):  # a loaded checkpoint has no training loss
-                summary["target/loss"] = trained.loss
-            summary["time/total_s"] = time.perf_counter() - t0
-            summary_json = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)
-            (tmp_dir / "summary.json").write_text(summary_json)
+            summary = write_results(tmp_dir, state, trained, evaluation, t0)
             compile_times.write(tmp_dir / "compile.json")
     return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe, kind)
+
+
+def write_results(
+    folder: Path,
+    state: TrainState,
+    trained: TrainedTarget,
+    evaluation: Evaluation,
+    t0: float,
+) -> dict[str, float]:
+    """What a trained run leaves in its folder: `decomposition.npz`, the frozen target
+    (`frozen.*`), the evaluation's figures and `summary.json` (with the target's training and
+    the seconds since `t0`); returns the summary."""
+    checkpoint.save(folder / "decomposition.npz", (state.components, state.ci_params))
+    checkpoint.save_frozen(folder / "frozen.npz", trained.params)
+    summary = evaluation(state, folder)
+    summary["target/attempt"] = float(trained.attempt)
+    if math.isfinite(trained.loss):  # a loaded checkpoint has no training loss
+        summary["target/loss"] = trained.loss
+    summary["time/total_s"] = time.perf_counter() - t0
+    summary_json = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)
+    (folder / "summary.json").write_text(summary_json)
+    return summary
 
 
 def _initial_state(
@@ -280,19 +295,11 @@ def _non_finite_counts(ws: list[jax.Array]) -> list[jax.Array]:
     return [jnp.sum(~jnp.isfinite(w)) for w in ws]
 
 
-def _key_name(key: object) -> str:
-    """A parameter path's part as haiku names it: the module, then the parameter."""
-    for attr in ("key", "name", "idx"):  # DictKey, GetAttrKey, SequenceKey
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
 def _check_finite(params: hk.Params) -> None:
     """Refuse frozen weights that hold a NaN or an infinity, with one sentence naming the
     first such parameter; one jitted reduction over them and one small `device_get`."""
     leaves = [
-        ("/".join(_key_name(k) for k in path), w)
+        (jax.tree_util.keystr(path, simple=True, separator="/"), w)
         for path, w in jax.tree_util.tree_leaves_with_path(params)
         if jnp.issubdtype(jnp.result_type(w), jnp.inexact)
     ]
@@ -312,14 +319,15 @@ def _check_finite(params: hk.Params) -> None:
         )
 
 
-def _first_difference(before: object, now: object, path: str) -> str | None:
+def _first_difference(before: object, now: object, path: str) -> tuple[str, object, object] | None:
+    """The first dotted key where two parsed configs differ, with both values."""
     if isinstance(before, dict) and isinstance(now, dict):
         for key in sorted(set(before) | set(now)):
             found = _first_difference(before.get(key), now.get(key), f"{path}.{key}".strip("."))
             if found is not None:
                 return found
         return None
-    return None if before == now else path
+    return None if before == now else (path, before, now)
 
 
 def _check_same_config(path: Path, config: RunConfig) -> None:
@@ -328,19 +336,13 @@ def _check_same_config(path: Path, config: RunConfig) -> None:
     before = {k: v for k, v in json.loads(path.read_text()).items() if k not in free}
     now = json.loads(json.dumps(dataclasses.asdict(config)))
     now = {k: v for k, v in now.items() if k not in free}
-    key = _first_difference(before, now, "")
-    if key is not None:
-        value, old = (_at(d, key) for d in (now, before))
+    found = _first_difference(before, now, "")
+    if found is not None:
+        key, old, value = found
         raise ConfigError(
             f"config key '{key}' is {value!r}, but the interrupted run had {old!r}, expected "
             "the same config to resume it"
         )
-
-
-def _at(tree: object, key: str) -> object:
-    for part in key.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
 
 
 def summary_table(summary: dict[str, float]) -> str:

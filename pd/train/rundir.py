@@ -21,6 +21,11 @@ MARKER = ".pd-run"  # written into every finished run folder; pd deletes no fold
 CHECKPOINTS = "checkpoints"
 
 
+def mark_finished(folder: Path) -> None:
+    """Write the marker that lets pd replace `folder` later (with --overwrite)."""
+    (folder / MARKER).write_text("a pd run folder: pd may replace it with --overwrite\n")
+
+
 def partial_dir(run_dir: Path) -> Path:
     """Where the run of `run_dir` is written until it finishes."""
     return run_dir.parent / f".{run_dir.name}.partial"
@@ -111,7 +116,7 @@ def staged(run_dir: Path, overwrite: bool, resume: bool = False) -> Iterator[Pat
                     shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         try:
             yield partial
-            (partial / MARKER).write_text("a pd run folder: pd may replace it with --overwrite\n")
+            mark_finished(partial)
             _check_replaceable(run_dir, overwrite)  # the destination may have changed meanwhile
             old = None
             if run_dir.exists():
@@ -133,6 +138,7 @@ __all__ = [
     "MARKER",
     "check_destination",
     "checkpoint_steps",
+    "mark_finished",
     "partial_dir",
     "staged",
 ]

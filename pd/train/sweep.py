@@ -47,6 +47,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -67,13 +68,13 @@ from pd.targets.base import Batch, as_toy
 from pd.targets.configs import FactoryConfig, ResidMLPConfig, TargetConfig, TMSConfig
 from pd.targets.hf import CheckpointError
 from pd.targets.train import TrainedTarget
-from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig, apply_override, from_dict, load_raw
 from pd.train.evaluate import EVAL_FOLD
 from pd.train.init_state import initial_state
 from pd.train.kinds import TargetKind, kind_of
 from pd.train.recipe import make_batches, make_recipe
-from pd.train.rundir import MARKER, check_destination, staged
+from pd.train.run import write_results
+from pd.train.rundir import check_destination, mark_finished, staged
 from pd.train.signals import Terminated, raise_terminated
 from pd.train.sinks import MetricSinks
 from pd.train.step import (
@@ -618,16 +619,9 @@ def _train_chunk(chunk: _Chunk, tmp_dir: Path, sweep_dir: Path, t0: float) -> li
             results.append(MemberResult(member, None, {}, state, trained.params, diverged[i]))
             log.warning("member %s: %s", member.name, diverged[i])
             continue
-        checkpoint.save(folder / "decomposition.npz", (state.components, state.ci_params))
-        checkpoint.save_frozen(folder / "frozen.npz", trained.params)
-        summary = chunk.evaluation(i, state, folder)
-        summary["target/attempt"] = float(trained.attempt)
-        if math.isfinite(trained.loss):  # a loaded checkpoint has no training loss
-            summary["target/loss"] = trained.loss
-        summary["time/total_s"] = time.perf_counter() - t0  # since the sweep started
-        summary_json = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)
-        (folder / "summary.json").write_text(summary_json)
-        (folder / MARKER).write_text("a pd run folder: pd may replace it with --overwrite\n")
+        evaluation = partial(chunk.evaluation, i)
+        summary = write_results(folder, state, trained, evaluation, t0)  # t0: the sweep's start
+        mark_finished(folder)
         results.append(
             MemberResult(member, sweep_dir / member.name, summary, state, trained.params)
         )
