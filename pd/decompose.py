@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, Key
 
+from pd.precision import matmul
 from pd.sites import SiteTable
 
 
@@ -35,16 +36,17 @@ def site_out(
     route: Bool[Array, " *L"] | None = None,
 ) -> Float[Array, "*L d_out"]:
     """`[*L, d_out]`: a live site's output; `None` masks are ones, `None` route is everywhere."""
-    inner = x @ V
+    inner = matmul(x, V)
     ones = jnp.ones(inner.shape[:-1], inner.dtype)
     delta = ones if delta_mask is None else delta_mask
     # masked·inner@U + delta·(x@W − inner@U) = (inner·(mask − delta))@U + delta·(x@W): one
     # [C, d_out] matmul instead of two; the [d_in, d_out] delta matrix is never formed (SPEC §3).
     coeff = (1.0 if mask is None else mask) - delta[..., None]
-    y = (inner * coeff) @ U + delta[..., None] * (x @ W)
+    frozen = matmul(x, W)
+    y = matmul(inner * coeff, U) + delta[..., None] * frozen
     if route is None:
         return y
-    return jnp.where(route[..., None], y, x @ W)
+    return jnp.where(route[..., None], y, frozen)
 
 
 class LayerSites(NamedTuple):
@@ -84,7 +86,7 @@ def frozen_hook(
 ) -> Float[Array, "*L d_out"]:
     """The frozen path `x @ W` (S2, S3)."""
     del kind, sites
-    return x @ W
+    return matmul(x, W)
 
 
 FROZEN = Sites(frozen_hook, {})  # the clean forward: every site on its frozen path
@@ -98,7 +100,7 @@ def apply_site(
     W: Float[Array, "d_in d_out"],
 ) -> Float[Array, "*L d_out"]:
     """`hook` on a decomposed kind (one layer's `LayerSites` in `layer`), `x @ W` otherwise."""
-    return hook(kind, layer[kind], x, W) if kind in layer else x @ W
+    return hook(kind, layer[kind], x, W) if kind in layer else matmul(x, W)
 
 
 def layer_of(sites: Sites, layer: int) -> dict[str, LayerSites]:
@@ -150,7 +152,7 @@ def decomposed_hook(mode: SourceMode, routes: Bool[Array, "*L n"] | None = None)
             return site_out(x, W, s.V, s.U, mask, delta, route).astype(jnp.result_type(x, W))
 
         def frozen(x: Float[Array, "*L d_in"]) -> Float[Array, "*L d_out"]:
-            return x @ W
+            return matmul(x, W)
 
         y: Float[Array, "*L d_out"] = jax.lax.cond(s.live, live, frozen, x)
         return y

@@ -37,6 +37,7 @@ def setup_logging(level: int = logging.INFO) -> None:
     root.addHandler(_handler(_HANDLER_NAME, level))
     root.setLevel(level)
     logging.getLogger("jax").setLevel(logging.WARNING)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's per-save INFO records
 
 
 def show_pd_logs(level: int = logging.INFO) -> None:

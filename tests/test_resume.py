@@ -6,21 +6,26 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+import haiku as hk
 import jax
 import numpy as np
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from pd.state import TrainState
 from pd.train import RunResult, load_config, run
 from pd.train.config import ConfigError
 from pd.train.rundir import checkpoint_steps, partial_dir
 from pd.train.signals import Terminated
+from pd.train.step import Metrics, StepFn, StepsFn
+
+Out = tuple[TrainState, Metrics]
 
 TMS = [
     "train.steps=60",
@@ -42,29 +47,52 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 @contextmanager
 def sigterm_at(stop: int) -> Iterator[None]:
-    """Runs started inside get a real SIGTERM when they ask for the batch of step `stop`, and
-    must stop with Terminated."""
+    """Runs started inside get a real SIGTERM when they start the call that takes step `stop`
+    (a toy run takes the steps up to the next logged or checkpointed one in one call of
+    `train_steps`, a language model one step a call of `train_step`), and must stop with
+    Terminated."""
     module = sys.modules["pd.train.run"]
-    make_batches = module.make_batches
+    make_train_steps, make_train_step = module.make_train_steps, module.make_train_step
 
-    def batches(*args: object, **kwargs: object) -> Callable[[int], jax.Array]:
-        inner: Callable[[int], jax.Array] = make_batches(*args, **kwargs)
+    def signal_at(first: jax.Array, n: int | jax.Array) -> None:
+        if int(first) <= stop < int(first) + int(n):
+            os.kill(os.getpid(), signal.SIGTERM)
 
-        def batch(step: int) -> jax.Array:
-            if step == stop:
-                os.kill(os.getpid(), signal.SIGTERM)
-            return inner(step)
+    def steps_with_signal(*args: object, **kwargs: object) -> StepsFn:
+        inner: StepsFn = make_train_steps(*args, **kwargs)
 
-        return batch
+        def steps(state: TrainState, frozen: hk.Params, run_key: jax.Array, n: jax.Array) -> Out:
+            signal_at(state.step, n)
+            return inner(state, frozen, run_key, n)
+
+        return steps
+
+    def step_with_signal(*args: object, **kwargs: object) -> StepFn:
+        inner: StepFn = make_train_step(*args, **kwargs)
+
+        def step(state: TrainState, frozen: hk.Params, x: jax.Array, run_key: jax.Array) -> Out:
+            signal_at(state.step, 1)
+            return inner(state, frozen, x, run_key)
+
+        return step
 
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         with pytest.MonkeyPatch.context() as monkeypatch:
-            monkeypatch.setattr(module, "make_batches", batches)
+            monkeypatch.setattr(module, "make_train_steps", steps_with_signal)
+            monkeypatch.setattr(module, "make_train_step", step_with_signal)
             with pytest.raises(Terminated):
                 yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def call_end(step: int) -> int:
+    """The last step of the call that takes `step`: the next logged (every 10), checkpointed
+    (every 25) or last step."""
+    while not (step % 10 == 0 or (step + 1) % 25 == 0 or step == 59):
+        step += 1
+    return step
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +123,8 @@ def test_a_run_stopped_by_sigterm_and_resumed_is_bit_identical(
     out = tmp_path_factory.mktemp("runs") / "stopped"
     with sigterm_at(stop):
         run(uninterrupted.config, out)
-    assert checkpoint_steps(partial_dir(out))[-1] == stop + 1  # the step in flight finished
+    # The steps in flight finished and were saved.
+    assert checkpoint_steps(partial_dir(out))[-1] == call_end(stop) + 1
     assert not out.exists()
     resumed = run(uninterrupted.config, out, resume=True)
     _assert_same_run(uninterrupted, resumed)

@@ -42,7 +42,7 @@ def test_run_folder_contents(tiny_run: RunResult) -> None:
     for name in ("config.json", "metrics.jsonl", "summary.json", "decomposition.npz"):
         assert (d / name).is_file(), name
     compiled = json.loads((d / "compile.json").read_text())
-    for jit_name in ("init_train_state", "train_step", "eval_step"):
+    for jit_name in ("init_train_state", "train_steps", "eval_step"):
         row = compiled[jit_name]
         assert row["compile_s"] > 0.0 and row["trace_s"] > 0.0, jit_name
     for name in ("ci_probes.png", "components.png", "losses.png"):
@@ -94,7 +94,7 @@ def test_overwrite_by_a_failing_run_keeps_the_old_run(
     shutil.copytree(tiny_run.run_dir, old)
     before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
 
-    def interrupted(*args: object) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt  # Ctrl-C in the middle of training
 
     # `pd.train.run` the attribute is the function; the module is in sys.modules.

@@ -42,6 +42,8 @@ def recorded_upper_squashing(monkeypatch: pytest.MonkeyPatch) -> None:
         return jnp.where(x > 1, 1.0 + ALPHA * (x - 1.0), jnp.clip(x, 0.0, 1.0))
 
     monkeypatch.setattr(pd.ci, "upper_leaky_hard", clipped)
+
+
 TMS = ["train.batch=256", "loss.adversary.coeff=1.0", "loss.adversary.n_warmup=1"]
 TMS += ["loss.n_mask_samples=2"]
 

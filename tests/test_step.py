@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 
+from pd import precision
 from pd.ci import PerSiteCI
 from pd.ci.mlp import site_ci_transform
 from pd.init import init_ci_fn, init_vu, key_tree
@@ -17,7 +18,13 @@ from pd.train import load_config
 from pd.train.init_state import init_train_state
 from pd.train.optim import ci_optimizer, clip_global_norm, component_optimizer
 from pd.train.run import make_recipe
-from pd.train.step import evaluate_batch, faith_warmup
+from pd.train.step import (
+    evaluate_batch,
+    faith_warmup,
+    make_sampler,
+    make_train_step,
+    make_train_steps,
+)
 
 
 def test_s19_clip_uses_the_plus_1e6_epsilon() -> None:
@@ -123,3 +130,70 @@ def test_the_ci_masked_monitor_is_a_loss_term_when_configured() -> None:
     assert term == pytest.approx(float(without["monitor/ci_masked_recon"]), rel=1e-6) and term > 0
     total = float(without["loss/total"]) + 2.5 * term
     assert float(with_term["loss/total"]) == pytest.approx(total, rel=1e-5)
+
+
+def test_s18_steps_drawn_in_one_call_follow_the_step_by_step_loop() -> None:
+    """`make_train_steps` (a toy run's loop between logged steps) draws each step's batch from
+    S18's batch key itself: four steps in one call, then one, give the states and last metrics
+    of five `train_step` calls on `make_sampler`'s batches."""
+    config = load_config("tms_5-2", ["train.batch=64", "train.faith_warmup_steps=0"])
+    recipe = make_recipe(config)
+    toy = as_toy(recipe.target)
+    frozen = toy.expand(toy.init_train(jax.random.key(0)))
+    init_key, src_key, run_key = key_tree(0)
+    one, sample = make_train_step(recipe), make_sampler(toy, 64)
+    steps = make_train_steps(recipe, 64)
+    state = init_train_state(recipe, init_key, src_key)
+    for s in range(5):
+        state, metrics = one(state, frozen, sample(run_key, jnp.asarray(s)), run_key)
+    chunked = init_train_state(recipe, init_key, src_key)
+    for n in (4, 1):
+        chunked, last = steps(chunked, frozen, run_key, jnp.asarray(n, jnp.int32))
+    assert int(chunked.step) == 5
+    for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(state), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    for k, v in metrics.items():
+        np.testing.assert_allclose(np.asarray(last[k]), np.asarray(v), rtol=1e-5, err_msg=k)
+
+
+def test_bf16_compute_rounds_matmul_operands_and_keeps_float32_state_and_losses() -> None:
+    """`train.compute_dtype = "bf16"`: each matmul (and both of its gradient's) is of the
+    bf16-rounded operands, accumulated in float32; parameters, optimizer state and losses stay
+    float32 and the losses stay within bf16 rounding of the fp32 step's (SPEC N3: fp32 default)."""
+    a = jax.random.normal(jax.random.key(0), (8, 300))
+    b = jax.random.normal(jax.random.key(1), (300, 5))
+    ra, rb = (m.astype(jnp.bfloat16).astype(jnp.float32) for m in (a, b))
+    ref = ra @ rb
+    assert float(jnp.max(jnp.abs(ref - a @ b))) > 1e-3  # the rounding is real
+
+    def loss(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.sin(precision.matmul(a, b)))
+
+    with precision.compute("bf16"):
+        out = precision.matmul(a, b)
+        grads = jax.grad(loss, (0, 1))(a, b)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-4)
+    g = jnp.cos(ref)
+    for got, want in zip(grads, (g @ rb.T, ra.T @ g), strict=True):
+        assert got.dtype == jnp.float32  # the cotangent is rounded to bf16 too: 1e-2
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-2, atol=5e-2)
+    np.testing.assert_array_equal(np.asarray(precision.matmul(a, b)), np.asarray(a @ b))
+
+    assert load_config("tms_5-2", []).train.compute_dtype == "fp32"
+    overrides = ["train.batch=64", "train.faith_warmup_steps=0"]
+    states, rows = [], []
+    for dtype in ("fp32", "bf16"):
+        recipe = make_recipe(load_config("tms_5-2", [*overrides, f"train.compute_dtype={dtype}"]))
+        toy = as_toy(recipe.target)
+        frozen = toy.expand(toy.init_train(jax.random.key(0)))
+        init_key, src_key, run_key = key_tree(0)
+        state = init_train_state(recipe, init_key, src_key)
+        state, metrics = make_train_step(recipe)(state, frozen, toy.sample(run_key, 64), run_key)
+        states.append(state)
+        rows.append(metrics)
+    assert {leaf.dtype for leaf in jax.tree.leaves(states[1]) if leaf.ndim} == {np.dtype("float32")}
+    assert all(v.dtype == jnp.float32 for v in rows[1].values())
+    for k in ("loss/recon_all", "loss/recon_per_site", "loss/importance"):
+        assert float(rows[1][k]) != float(rows[0][k]), k  # the mode did change the arithmetic
+        np.testing.assert_allclose(float(rows[1][k]), float(rows[0][k]), rtol=5e-2, err_msg=k)

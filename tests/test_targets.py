@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pd.decompose import FROZEN
+from pd.decompose import FROZEN, Draw, Sites, decomposed_hook, layer_sites
+from pd.init import init_vu
 from pd.targets.configs import ResidMLPConfig, TMSConfig
 from pd.targets.train import _cache_key, load_or_train, train_target
 
@@ -78,3 +79,33 @@ def test_resid_mlp_forward_taps_and_label() -> None:
         np.asarray(target.forward(params, x, FROZEN)), np.asarray(clean), atol=1e-6
     )
     np.testing.assert_array_equal(np.asarray(target.label(x)), np.asarray(x + jax.nn.relu(x)))
+
+
+def test_resid_mlp_resumed_from_the_clean_embedding_equals_the_whole_masked_forward() -> None:
+    """`resume` starts at layer 0 from the clean pass's embedding tap: the same masked output
+    as `forward` and the same gradient on V."""
+    target = ResidMLPConfig(n_features=6, d_embed=8, d_mlp=3, n_layers=2).build(C=5)
+    params = target.expand(target.init_train(jax.random.key(0)))
+    x = jax.random.uniform(jax.random.key(1), (16, 6), minval=-1.0, maxval=1.0)  # dense
+    taps, _ = target.taps(params, x)
+    table = target.table
+    comps = init_vu(jax.random.key(2), table)
+    ci = tuple(
+        jax.random.uniform(jax.random.key(3 + g), (len(grp.names), 16, grp.C))
+        for g, grp in enumerate(table.groups)
+    )
+
+    def out(V: tuple[jax.Array, ...], resumed: bool) -> jax.Array:
+        sites = Sites(decomposed_hook(Draw(jax.random.key(4))), layer_sites(table, V, comps.U, ci))
+        if resumed:
+            return target.resume(params, x, taps, sites)
+        return target.forward(params, x, sites)
+
+    whole, resumed = (out(comps.V, r) for r in (False, True))
+    assert float(jnp.std(whole)) > 0.1
+    np.testing.assert_allclose(np.asarray(resumed), np.asarray(whole), rtol=1e-5, atol=1e-6)
+    for a, b in zip(
+        *(jax.grad(lambda V, r=r: jnp.sum(jnp.sin(out(V, r))))(comps.V) for r in (False, True)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)

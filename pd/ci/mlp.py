@@ -13,7 +13,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from pd.precision import matmul
+
 PerSiteCIKind = Literal["mlp", "vector_mlp", "shared_mlp"]
+
+
+def gelu(x: Float[Array, "*s"]) -> Float[Array, "*s"]:
+    """Exact GELU `x Φ(x)` through `erf`, as PyTorch computes it; `jax.nn.gelu` goes through
+    `erfc`, which XLA expands on a CPU to a several times costlier piecewise form."""
+    return 0.5 * x * (1.0 + jax.lax.erf(x * math.sqrt(0.5)))
 
 
 def _kaiming(fan_in: int, gain: float) -> hk.initializers.Initializer:
@@ -38,10 +46,19 @@ def _per_subcomponent_mlp(
         gain = 1.0 if last else math.sqrt(2.0)
         w = hk.get_parameter(f"w{i}", (C, fan_in, fan_out), init=_kaiming(fan_in, gain))
         b = hk.get_parameter(f"b{i}", (C, fan_out), init=jnp.zeros)
-        equation = "...i,cio->...co" if i == 0 and shared_input else "...ci,cio->...co"
-        h = jnp.einsum(equation, h, w) + b
+        # A layer of width 1 on either side is a broadcast product (and a sum), not a batched
+        # dot: as a dot over C, XLA transposes the `[B, C, hidden]` activations on a CPU.
+        if i == 0 and shared_input:  # one matmul [*L, k] @ [k, C * width]
+            h = matmul(h, w.transpose(1, 0, 2).reshape(fan_in, -1)).reshape(*h.shape[:-1], C, -1)
+        elif fan_in == 1:
+            h = h * w[:, 0]
+        elif fan_out == 1:
+            h = jnp.sum(h * w[..., 0], axis=-1, keepdims=True)
+        else:
+            h = jnp.einsum("...ci,cio->...co", h, w)
+        h = h + b
         if not last:
-            h = jax.nn.gelu(h, approximate=False)
+            h = gelu(h)
     return h[..., 0]
 
 
@@ -55,9 +72,9 @@ def _shared_mlp(
         gain = 1.0 if last else math.sqrt(2.0)
         w = hk.get_parameter(f"w{i}", (fan_in, fan_out), init=_kaiming(fan_in, gain))
         b = hk.get_parameter(f"b{i}", (fan_out,), init=jnp.zeros)
-        h = h @ w + b
+        h = matmul(h, w) + b
         if not last:
-            h = jax.nn.gelu(h, approximate=False)
+            h = gelu(h)
     return h
 
 
@@ -68,7 +85,7 @@ def site_ci_transform(kind: PerSiteCIKind, widths: tuple[int, ...], C: int) -> h
         with hk.name_scope(kind):
             if kind == "mlp":
                 # The scalar inner activation of each subcomponent is its MLP's only input.
-                return _per_subcomponent_mlp((x @ V)[..., None], widths, C, False)
+                return _per_subcomponent_mlp(matmul(x, V)[..., None], widths, C, False)
             if kind == "vector_mlp":
                 return _per_subcomponent_mlp(x, widths, C, True)
             return _shared_mlp(x, widths, C)

@@ -11,6 +11,7 @@ from jaxtyping import Array, Float, Key
 from pd import loops
 from pd.decompose import LayerSites, Sites, apply_site
 from pd.init import scaled_normal
+from pd.precision import matmul
 from pd.sites import SiteSpec, SiteTable, input_tap
 from pd.targets.base import LayerTaps, Taps, TargetBase, TrainParams
 
@@ -40,8 +41,19 @@ class ResidMLP(TargetBase):
     ) -> tuple[Float[Array, "B n"], Taps]:
         """The output and every site's input, the layers under one scan (not checkpointed: a
         toy's activations are small)."""
+        return self._layers(params, matmul(x, params["~"]["embed"]), sites)
+
+    def resume(
+        self, params: hk.Params, x: Float[Array, "B n"], taps: Taps, sites: Sites
+    ) -> Float[Array, "B n"]:
+        """`forward` from the clean embedding (the first layer's input tap): every layer has
+        sites, and the embedding before them is frozen in every masked pass."""
+        return self._layers(params, taps[input_tap("mlp_in")][0], sites)[0]
+
+    def _layers(
+        self, params: hk.Params, r0: Float[Array, "B d"], sites: Sites
+    ) -> tuple[Float[Array, "B n"], Taps]:
         p = params["~"]
-        W_E = p["embed"]
 
         def layer(
             r: Float[Array, "B d"],
@@ -52,8 +64,8 @@ class ResidMLP(TargetBase):
             out = r + apply_site(sites.hook, here, "mlp_out", hidden, W_out)
             return out, {input_tap("mlp_in"): r, input_tap("mlp_out"): hidden}
 
-        r, taps = loops.scan(layer, x @ W_E, (p["mlp_in"], p["mlp_out"], sites.layers))
-        return r @ W_E.T, taps
+        r, taps = loops.scan(layer, r0, (p["mlp_in"], p["mlp_out"], sites.layers))
+        return matmul(r, p["embed"].T), taps
 
     @property
     def dense_sites(self) -> dict[str, int]:

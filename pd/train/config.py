@@ -18,6 +18,7 @@ from typing import Literal
 
 from pd.adversary import Scope
 from pd.losses import PlanKind
+from pd.precision import ComputeDtype
 from pd.targets.configs import (
     FactoryConfig,
     LlamaConfig,
@@ -109,6 +110,9 @@ class TrainConfig(Validated):
     # holds that many copies of each body, whatever the depth. 2 is faster for small models on a
     # CPU, where two bodies run side by side.
     unroll: int = 1
+    # "bf16": the step's matmuls on bfloat16-rounded operands with float32 accumulation;
+    # parameters, optimizer state and losses stay float32 (pd/precision.py). Default fp32 (N3).
+    compute_dtype: ComputeDtype = "fp32"
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -17,6 +17,7 @@ from pd.state import Components, TrainState
 from pd.targets.base import Batch, ToyTarget, as_toy
 from pd.train.config import EvalConfig
 from pd.train.step import CI_ACTIVE, Metrics, Recipe, evaluate_batch, flat_metrics
+from pd.xla import compiler_options
 
 ALIVE_THRESHOLD = CI_ACTIVE  # alive: CI above 0.1 on some evaluation sample (SPEC §13)
 
@@ -80,7 +81,7 @@ def make_eval_step(recipe: Recipe) -> EvalFn:
         metrics, ci = evaluate_batch(recipe, state, frozen, x, key)  # CI computed once
         return metrics, tuple(site_max(lower) for lower in ci.lower)
 
-    fn: EvalFn = jax.jit(eval_step)
+    fn: EvalFn = jax.jit(eval_step, compiler_options=compiler_options())
     return fn
 
 

@@ -21,6 +21,7 @@ from pd.train.evaluate import (
     site_max,
 )
 from pd.train.step import Metrics, PassInputs, Recipe, ci_l0
+from pd.xla import compiler_options
 
 Tokens = Int[Array, "B T"]
 MaskEvalFn = Callable[
@@ -67,7 +68,7 @@ def make_mask_eval_step(recipe: Recipe) -> MaskEvalFn:
                 metrics[f"ce/{kind}"] = next_token_ce(out, x)
         return metrics, tuple(site_max(lower) for lower in ci.lower)
 
-    fn: MaskEvalFn = jax.jit(eval_step)
+    fn: MaskEvalFn = jax.jit(eval_step, compiler_options=compiler_options())
     return fn
 
 

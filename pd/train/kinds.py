@@ -43,6 +43,7 @@ class TargetKind:
     evaluate: Evaluate
     known: Callable[[Target], KnownAnswer | None]  # for the known-answer metrics and figures
     labels: Labels | None = None
+    sampled: bool = False  # batches are `target.sample` of S18's batch key: a step can draw them
 
 
 def _toy_batches(seed: int, batch: int, target: Target, run_key: Key[Array, ""]) -> HostBatches:
@@ -172,6 +173,7 @@ def kind_of(cfg: TargetConfig, own: OwnTarget | None = None) -> TargetKind:
             recipe, state, frozen, run_key, cfg
         ),
         known=lambda target: toy_answer(as_toy(target)),
+        sampled=True,
     )
 
 

@@ -42,6 +42,7 @@ from pd.train.step import (
     faith_warmup,
     flat_metrics,
     make_train_step,
+    make_train_steps,
 )
 
 log = logging.getLogger(__name__)
@@ -100,26 +101,38 @@ def _train(
     sinks: MetricSinks,
     evaluation: Evaluation,
     run_dir: Path,
+    sampled: bool = False,
 ) -> TrainState:
     """The loop from `state.step`: one `device_get` per logged step, sent to `sinks`; the
     evaluation and figures every `train.eval_every` steps; a checkpoint every
-    `train.checkpoint_every` steps, at the end, and after the step in flight when Ctrl-C or
+    `train.checkpoint_every` steps, at the end, and after the steps in flight when Ctrl-C or
     SIGTERM stops it (`pd.train.signals`).
 
+    With `sampled` (batches drawn on device, toys), the steps up to the next one that is logged,
+    evaluated or checkpointed are one call of `make_train_steps`; otherwise one call a step.
     The monitors (SPEC §5) are not trained, so they are computed only on logged steps, by the
     evaluation step on that step's batch.
     """
     cfg = recipe.train
-    train_step = make_train_step(recipe, shardings)
+    train_step = None if sampled else make_train_step(recipe, shardings)
+    train_steps = make_train_steps(recipe, cfg.batch) if sampled else None
     eval_step = make_eval_step(recipe)
     every = cfg.checkpoint_every or cfg.steps
     with deferred() as pending:
-        for step in range(int(state.step), cfg.steps):
-            x = batches(step)
-            state, metrics = train_step(state, frozen, x, run_key)
+        first = int(state.step)
+        while first < cfg.steps:
+            step = first  # the last step of this call
+            if train_steps is None:
+                assert train_step is not None
+                state, metrics = train_step(state, frozen, batches(step), run_key)
+            else:  # up to the next step logged, evaluated or checkpointed after
+                step = min(sinks.next_logged(first), (first // every + 1) * every - 1)
+                n = jnp.asarray(step - first + 1, jnp.int32)
+                state, metrics = train_steps(state, frozen, run_key, n)
             # The last step's evaluation is the run's own, after the loop.
             evaluate = sinks.should_eval(step) and step < cfg.steps - 1
             if sinks.should_log(step) or evaluate:
+                x = batches(step)
                 evaluated, _ = eval_step(state, frozen, x, batch_key(run_key, step))
                 monitors = {k: v for k, v in evaluated.items() if k.startswith("monitor/")}
                 row = flat_metrics(recipe.table, jax.device_get({**metrics, **monitors}))
@@ -133,8 +146,9 @@ def _train(
                 if evaluate:
                     row |= {f"eval/{k}": v for k, v in evaluation(state, run_dir).items()}
                 sinks.log(step, row)
-            sinks.advance()
-            done, stop = step + 1, pending()
+            sinks.advance(step - first + 1)
+            first = done = step + 1
+            stop = pending()
             if done % every == 0 or done == cfg.steps or stop is not None:
                 checkpoints.save(done, state)  # `resume` continues from here exactly
             if stop is not None:
@@ -245,6 +259,7 @@ def run(
                         sinks,
                         evaluation,
                         tmp_dir,
+                        sampled=kind.sampled and mesh is None,
                     )
             finally:
                 checkpoints.close()

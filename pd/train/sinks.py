@@ -192,6 +192,11 @@ class MetricSinks:
         """Whether `step` is evaluated: every `eval_every` (0: never), and the last."""
         return self.eval_every > 0 and (step % self.eval_every == 0 or step == self.total_steps - 1)
 
+    def next_logged(self, step: int) -> int:
+        """The first step from `step` on that is logged or evaluated."""
+        every = [self.log_every] + ([self.eval_every] if self.eval_every > 0 else [])
+        return min(self.total_steps - 1, *(-(-step // e) * e for e in every))
+
     def log(self, step: int, row: Mapping[str, float]) -> dict[str, float]:
         """Write one row for `step` (just taken) to every sink; returns it with its time keys.
 

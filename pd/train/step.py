@@ -38,12 +38,14 @@ from pd.losses import (
     recon_plan,
     uniform_k_routing,
 )
+from pd.precision import compute
 from pd.sites import SiteTable
 from pd.state import Components, TrainState
-from pd.targets.base import Batch, Output, Taps, Target, ToyTarget
+from pd.targets.base import Batch, Output, Taps, Target, ToyTarget, as_toy
 from pd.train.config import LossConfig, ReconTerm, TrainConfig
 from pd.train.optim import ci_optimizer, component_optimizer
 from pd.train.schedule import schedule_value
+from pd.xla import compiler_options
 
 # Scalars, plus `ci_l0`: one value per site in `SiteTable.group_order` (see `flat_metrics`).
 Metrics = dict[str, Float[Array, "..."]]
@@ -210,7 +212,7 @@ def evaluate_batch(
 ) -> tuple[Metrics, CI]:
     """The losses and monitors of `state` on a batch, and the CI they used (no gradient)."""
     comps = state.components
-    with loops.unroll(recipe.train.unroll):  # at trace time
+    with loops.unroll(recipe.train.unroll), compute(recipe.train.compute_dtype):  # trace time
         taps, clean = recipe.target.taps(frozen, x)
         ci = recipe.ci_fn.ci(state.ci_params, taps, comps.V)
         inputs = (frozen, x, clean, taps)
@@ -234,8 +236,8 @@ def step_fn(recipe: Recipe) -> StepFn:
     def train_step(
         state: TrainState, frozen: hk.Params, x: Batch, run_key: Key[Array, ""]
     ) -> tuple[TrainState, Metrics]:
-        with loops.unroll(recipe.train.unroll):  # at trace time
-            return one_step(state, frozen, x, run_key)
+        with loops.unroll(recipe.train.unroll), compute(recipe.train.compute_dtype):
+            return one_step(state, frozen, x, run_key)  # (both settings apply at trace time)
 
     def one_step(
         state: TrainState, frozen: hk.Params, x: Batch, run_key: Key[Array, ""]
@@ -298,8 +300,52 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
     With `shardings` (a mesh run) the new state keeps the placement of the old one.
     """
     out = None if shardings is None else (shardings, None)
-    step: StepFn = jax.jit(step_fn(recipe), donate_argnums=0, out_shardings=out)
+    step: StepFn = jax.jit(
+        step_fn(recipe), donate_argnums=0, out_shardings=out, compiler_options=compiler_options()
+    )
     return step
+
+
+StepsFn = Callable[
+    [TrainState, hk.Params, Key[Array, ""], Int[Array, ""]], tuple[TrainState, Metrics]
+]
+
+
+def steps_fn(recipe: Recipe, batch_size: int) -> StepsFn:
+    """`train_steps(state, frozen, run_key, n)` before jit: `n` training steps (a traced count,
+    so one program serves every n) that draw each step's batch themselves, S18's
+    `sample(batch_key(run_key, step))` of a toy target; the metrics are the last step's."""
+    one_step = step_fn(recipe)
+    target = as_toy(recipe.target)
+
+    def train_steps(
+        state: TrainState, frozen: hk.Params, run_key: Key[Array, ""], n: Int[Array, ""]
+    ) -> tuple[TrainState, Metrics]:
+        def body(
+            i: Int[Array, ""], carry: tuple[TrainState, Metrics]
+        ) -> tuple[TrainState, Metrics]:
+            state = carry[0]
+            x = target.sample(batch_key(run_key, state.step), batch_size)
+            return one_step(state, frozen, x, run_key)
+
+        shapes = jax.eval_shape(lambda s: body(jnp.int32(0), (s, {})), state)[1]
+        # Zeros made from the state, so they vary wherever it does (a sweep's members inside
+        # `shard_map`): a loop's carry must keep its type.
+        zero = state.step * 0
+        metrics = jax.tree.map(lambda a: jnp.broadcast_to(zero.astype(a.dtype), a.shape), shapes)
+        out: tuple[TrainState, Metrics] = jax.lax.fori_loop(0, n, body, (state, metrics))
+        return out
+
+    return train_steps
+
+
+def make_train_steps(recipe: Recipe, batch_size: int) -> StepsFn:
+    """One jitted `steps_fn`: a toy run takes the steps between two logged steps as one call,
+    with no host round trip per step (README, "Where a toy step's time goes")."""
+    steps: StepsFn = jax.jit(
+        steps_fn(recipe, batch_size), donate_argnums=0, compiler_options=compiler_options()
+    )
+    return steps
 
 
 def batch_key(run_key: Key[Array, ""], step: int | Int[Array, ""]) -> Key[Array, ""]:

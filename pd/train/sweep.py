@@ -86,7 +86,9 @@ from pd.train.step import (
     flat_metrics,
     make_sampler,
     step_fn,
+    steps_fn,
 )
+from pd.xla import compiler_options
 
 log = logging.getLogger(__name__)
 
@@ -349,11 +351,20 @@ def _per_member(f: F, mesh: Mesh, in_specs: tuple[P, ...], donate: bool = False)
     in_axes = tuple(0 if spec == MEMBERS else None for spec in in_specs)
     mapped = jax.vmap(f, in_axes=in_axes)
     sharded = jax.shard_map(mapped, mesh=mesh, in_specs=in_specs, out_specs=MEMBERS)
-    return cast(F, jax.jit(sharded, donate_argnums=(0,) if donate else ()))
+    donate_argnums = (0,) if donate else ()
+    return cast(
+        F, jax.jit(sharded, donate_argnums=donate_argnums, compiler_options=compiler_options())
+    )
 
 
 # `train_step` over stacked members: states, frozen (stacked or shared), batches, run keys.
 StackedStep = Callable[[TrainState, hk.Params, Batch, Key[Array, " n"]], tuple[TrainState, Metrics]]
+
+
+# `train_steps` over stacked members: states, frozen, run keys, the (shared) number of steps.
+StackedSteps = Callable[
+    [TrainState, hk.Params, Key[Array, " n"], jax.Array], tuple[TrainState, Metrics]
+]
 
 
 @dataclass(frozen=True)
@@ -364,6 +375,7 @@ class _Programs:
     init: Callable[[Key[Array, " n"], Key[Array, " n"]], TrainState]
     warmup: Callable[[TrainState, hk.Params], TrainState]
     step: StackedStep
+    steps: StackedSteps | None  # toys
     monitors: Callable[[TrainState, hk.Params, Batch, Key[Array, " n"], jax.Array], Metrics]
     sample: Callable[[Key[Array, " n"], jax.Array], Batch] | None  # toys
 
@@ -385,14 +397,17 @@ def _programs(group: _Group, mesh: Mesh, stacked_frozen: bool) -> _Programs:
         metrics, _ = evaluate_batch(recipe, state, frozen, x, batch_key(run_key, step))
         return {k: v for k, v in metrics.items() if k.startswith("monitor/")}
 
-    sample = None
+    sample = steps = None
     if group.toy:
         toy_sample = make_sampler(as_toy(recipe.target), recipe.train.batch)
         sample = _per_member(toy_sample, mesh, (MEMBERS, SHARED))
+        steps_of_one = steps_fn(recipe, recipe.train.batch)
+        steps = _per_member(steps_of_one, mesh, (MEMBERS, frozen, MEMBERS, SHARED), True)
     return _Programs(
         init=_per_member(init_train_state, mesh, (MEMBERS, MEMBERS)),
         warmup=_per_member(faithfulness_warmup, mesh, (MEMBERS, frozen), donate=True),
         step=_per_member(step_fn(recipe), mesh, (MEMBERS, frozen, MEMBERS, MEMBERS), True),
+        steps=steps,
         monitors=_per_member(monitor_step, mesh, (MEMBERS, frozen, MEMBERS, MEMBERS, SHARED)),
         sample=sample,
     )
@@ -509,12 +524,21 @@ class _Chunk:
                         )
                     )
                 )
-            for step in range(cfg.steps):
-                x = batches(step)
-                states, metrics = programs.step(states, self.frozen, x, self.run_keys)
+            first = 0
+            while first < cfg.steps:
+                step = first  # the last step of this call
+                if programs.steps is None:
+                    x = batches(step)
+                    states, metrics = programs.step(states, self.frozen, x, self.run_keys)
+                else:  # toys: up to the next logged step in one call, as a run takes them
+                    step = sinks[0].next_logged(first)
+                    n = jnp.asarray(step - first + 1, jnp.int32)
+                    states, metrics = programs.steps(states, self.frozen, self.run_keys, n)
+                first = step + 1
                 evaluate = sinks[0].should_eval(step) and step < cfg.steps - 1
                 if not (sinks[0].should_log(step) or evaluate):
                     continue
+                x = batches(step)
                 step_arr = jnp.asarray(step, jnp.int32)
                 monitors = programs.monitors(states, self.frozen, x, self.run_keys, step_arr)
                 host = jax.device_get({**metrics, **monitors})
