@@ -43,7 +43,7 @@ def main() -> None:
     state = init_train_state(recipe, init_key, src_key)
     step, batches = make_train_step(recipe), make_batches(config, recipe, run_key, None)
     x = batches(0)
-    traced = jax.jit(step_fn(recipe), compiler_options=compiler_options())
+    traced = jax.jit(step_fn(recipe), compiler_options=compiler_options(recipe.ci_fn))
     cost = traced.lower(state, frozen, x, run_key).compile().cost_analysis() or {}
     for i in range(5):  # compile and warm up
         state, metrics = step(state, frozen, batches(i), run_key)

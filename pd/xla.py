@@ -1,16 +1,22 @@
 """The XLA compile options of pd's step programs, in one place.
 
-On a CPU, XLA hands reductions to YNNPACK by default. The CI networks' per-subcomponent layers
-reduce `[B, C, hidden]` arrays over the batch (weight gradients) and over the hidden units, and
-YNNPACK's fused reductions took 3–8× longer there than XLA's own loops; dots stay with YNNPACK
-(bench/profile_step.py, README "Where a step's time goes").
+On a CPU, XLA hands reductions to YNNPACK by default. The per-subcomponent CI networks (`mlp`,
+`vector_mlp`) sum `[B, C, hidden]` arrays over the hidden units and, for their weight
+gradients, over the batch, and YNNPACK's fused reductions took 3–8× longer there than XLA's own
+loops, so programs with those CI functions keep YNNPACK for dots only. Other programs keep the
+default, which was faster for them (`tiny_llama`: 71 against 81–86 ms a step). README, "Where a
+toy step's time goes"; `bench/profile_step.py`.
 """
 
 import jax
 
+from pd.ci import CIFunction, PerSiteCI
+
 _CPU = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
-def compiler_options() -> dict[str, str]:
-    """`jax.jit(..., compiler_options=...)` for a program on the default backend."""
-    return dict(_CPU) if jax.default_backend() == "cpu" else {}
+def compiler_options(ci_fn: CIFunction) -> dict[str, str]:
+    """`jax.jit(..., compiler_options=...)` for a step program with `ci_fn`, on the default
+    backend."""
+    per_subcomponent = isinstance(ci_fn, PerSiteCI) and ci_fn.kind in ("mlp", "vector_mlp")
+    return dict(_CPU) if per_subcomponent and jax.default_backend() == "cpu" else {}

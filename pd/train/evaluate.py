@@ -81,7 +81,7 @@ def make_eval_step(recipe: Recipe) -> EvalFn:
         metrics, ci = evaluate_batch(recipe, state, frozen, x, key)  # CI computed once
         return metrics, tuple(site_max(lower) for lower in ci.lower)
 
-    fn: EvalFn = jax.jit(eval_step, compiler_options=compiler_options())
+    fn: EvalFn = jax.jit(eval_step, compiler_options=compiler_options(recipe.ci_fn))
     return fn
 
 

@@ -68,7 +68,7 @@ def make_mask_eval_step(recipe: Recipe) -> MaskEvalFn:
                 metrics[f"ce/{kind}"] = next_token_ce(out, x)
         return metrics, tuple(site_max(lower) for lower in ci.lower)
 
-    fn: MaskEvalFn = jax.jit(eval_step, compiler_options=compiler_options())
+    fn: MaskEvalFn = jax.jit(eval_step, compiler_options=compiler_options(recipe.ci_fn))
     return fn
 
 

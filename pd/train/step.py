@@ -301,7 +301,10 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
     """
     out = None if shardings is None else (shardings, None)
     step: StepFn = jax.jit(
-        step_fn(recipe), donate_argnums=0, out_shardings=out, compiler_options=compiler_options()
+        step_fn(recipe),
+        donate_argnums=0,
+        out_shardings=out,
+        compiler_options=compiler_options(recipe.ci_fn),
     )
     return step
 
@@ -343,7 +346,9 @@ def make_train_steps(recipe: Recipe, batch_size: int) -> StepsFn:
     """One jitted `steps_fn`: a toy run takes the steps between two logged steps as one call,
     with no host round trip per step (README, "Where a toy step's time goes")."""
     steps: StepsFn = jax.jit(
-        steps_fn(recipe, batch_size), donate_argnums=0, compiler_options=compiler_options()
+        steps_fn(recipe, batch_size),
+        donate_argnums=0,
+        compiler_options=compiler_options(recipe.ci_fn),
     )
     return steps
 

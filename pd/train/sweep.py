@@ -344,17 +344,17 @@ def _groups(spec: SweepSpec) -> list[_Group]:
 F = TypeVar("F", bound=Callable[..., object])
 
 
-def _per_member(f: F, mesh: Mesh, in_specs: tuple[P, ...], donate: bool = False) -> F:
+def _per_member(
+    f: F, mesh: Mesh, options: dict[str, str], in_specs: tuple[P, ...], donate: bool = False
+) -> F:
     """`f` of one member, vmapped over the members' leading axis (`MEMBERS` arguments; `SHARED`
-    ones are broadcast) and sharded over `mesh`'s member axis, under jit; `donate`: the first
-    argument's buffers."""
+    ones are broadcast) and sharded over `mesh`'s member axis, under jit with the compiler
+    `options`; `donate`: the first argument's buffers."""
     in_axes = tuple(0 if spec == MEMBERS else None for spec in in_specs)
     mapped = jax.vmap(f, in_axes=in_axes)
     sharded = jax.shard_map(mapped, mesh=mesh, in_specs=in_specs, out_specs=MEMBERS)
     donate_argnums = (0,) if donate else ()
-    return cast(
-        F, jax.jit(sharded, donate_argnums=donate_argnums, compiler_options=compiler_options())
-    )
+    return cast(F, jax.jit(sharded, donate_argnums=donate_argnums, compiler_options=options))
 
 
 # `train_step` over stacked members: states, frozen (stacked or shared), batches, run keys.
@@ -383,6 +383,7 @@ class _Programs:
 def _programs(group: _Group, mesh: Mesh, stacked_frozen: bool) -> _Programs:
     recipe = group.recipe
     frozen = MEMBERS if stacked_frozen else SHARED
+    options = compiler_options(recipe.ci_fn)
 
     def init_train_state(init_key: Key[Array, ""], src_key: Key[Array, ""]) -> TrainState:
         return initial_state(recipe, init_key, src_key)
@@ -400,15 +401,17 @@ def _programs(group: _Group, mesh: Mesh, stacked_frozen: bool) -> _Programs:
     sample = steps = None
     if group.toy:
         toy_sample = make_sampler(as_toy(recipe.target), recipe.train.batch)
-        sample = _per_member(toy_sample, mesh, (MEMBERS, SHARED))
+        sample = _per_member(toy_sample, mesh, options, (MEMBERS, SHARED))
         steps_of_one = steps_fn(recipe, recipe.train.batch)
-        steps = _per_member(steps_of_one, mesh, (MEMBERS, frozen, MEMBERS, SHARED), True)
+        steps = _per_member(steps_of_one, mesh, options, (MEMBERS, frozen, MEMBERS, SHARED), True)
     return _Programs(
-        init=_per_member(init_train_state, mesh, (MEMBERS, MEMBERS)),
-        warmup=_per_member(faithfulness_warmup, mesh, (MEMBERS, frozen), donate=True),
-        step=_per_member(step_fn(recipe), mesh, (MEMBERS, frozen, MEMBERS, MEMBERS), True),
+        init=_per_member(init_train_state, mesh, options, (MEMBERS, MEMBERS)),
+        warmup=_per_member(faithfulness_warmup, mesh, options, (MEMBERS, frozen), donate=True),
+        step=_per_member(step_fn(recipe), mesh, options, (MEMBERS, frozen, MEMBERS, MEMBERS), True),
         steps=steps,
-        monitors=_per_member(monitor_step, mesh, (MEMBERS, frozen, MEMBERS, MEMBERS, SHARED)),
+        monitors=_per_member(
+            monitor_step, mesh, options, (MEMBERS, frozen, MEMBERS, MEMBERS, SHARED)
+        ),
         sample=sample,
     )
 
