@@ -65,7 +65,7 @@ from pd.init import key_tree
 from pd.log import setup_logging, show_pd_logs
 from pd.state import TrainState
 from pd.targets.base import Batch, as_toy
-from pd.targets.configs import FactoryConfig, ResidMLPConfig, TargetConfig, TMSConfig
+from pd.targets.configs import FactoryConfig, TargetConfig
 from pd.targets.hf import CheckpointError
 from pd.targets.train import TrainedTarget
 from pd.train.config import ConfigError, RunConfig, apply_override, from_dict, load_raw
@@ -290,7 +290,7 @@ class _Group:
     @property
     def toy(self) -> bool:
         """Toy batches are drawn on device, inside the program (S18); others come from the host."""
-        return isinstance(self.members[0].config.target, TMSConfig | ResidMLPConfig)
+        return self.kinds[0].sampled
 
 
 def _static(config: RunConfig) -> RunConfig:
