@@ -1,4 +1,4 @@
-"""The XLA compile options of pd's step programs, in one place.
+"""The XLA compile options of pd's step programs, and one program per recipe in a process.
 
 On a CPU, XLA hands reductions to YNNPACK by default. The per-subcomponent CI networks (`mlp`,
 `vector_mlp`) sum `[B, C, hidden]` arrays over the hidden units and, for their weight
@@ -8,9 +8,16 @@ default, which was faster for them (`tiny_llama`: 71 against 81–86 ms a step).
 toy step's time goes"; `bench/profile_step.py`.
 """
 
+from collections.abc import Callable, Hashable
+from functools import lru_cache, wraps
+from typing import ParamSpec, TypeVar, cast
+
 import jax
 
 from pd.ci import CIFunction, PerSiteCI
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _CPU = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
@@ -20,3 +27,21 @@ def compiler_options(ci_fn: CIFunction) -> dict[str, str]:
     backend."""
     per_subcomponent = isinstance(ci_fn, PerSiteCI) and ci_fn.kind in ("mlp", "vector_mlp")
     return dict(_CPU) if per_subcomponent and jax.default_backend() == "cpu" else {}
+
+
+def one_per_value(factory: Callable[P, R]) -> Callable[P, R]:
+    """`factory`, returning the jitted program it made before for equal arguments (recipes and
+    targets compare by value), so that a run's monitors and final evaluation, and the members
+    of a sweep, share one compile. Arguments that cannot be hashed (a caller's own target may
+    not be) get a new program each time."""
+    cached = lru_cache(maxsize=8)(factory)
+
+    @wraps(factory)
+    def get(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            hash((args, tuple(kwargs.items())))
+        except TypeError:
+            return factory(*args, **kwargs)
+        return cast(Callable[..., R], cached)(*cast(tuple[Hashable, ...], args), **kwargs)
+
+    return get

@@ -1,8 +1,13 @@
-"""§13: identity and dense CI error, MMCS and ML2R on hand-made matrices."""
+"""§13: identity and dense CI error, MMCS and ML2R on hand-made matrices; evaluation programs
+shared between equal recipes."""
 
 import numpy as np
 
-from pd.train.evaluate import dense_ci_error, identity_ci_error, mmcs_ml2r
+from pd.train import load_config
+from pd.train.evaluate import dense_ci_error, identity_ci_error, make_eval_step, mmcs_ml2r
+from pd.train.run import make_recipe
+from pd.train.step import ci_program
+from pd.xla import one_per_value
 
 
 def test_identity_ci_error_permutes_columns() -> None:
@@ -41,3 +46,24 @@ def test_mmcs_ml2r_ignores_dead_remnants() -> None:
     U = np.asarray([[1.0, 0.1], [0.1, 1.0], [1e-4, 0.0], [0.0, 1e-4]])
     mmcs, ml2r = mmcs_ml2r(W, V, U, np.asarray([True, True, False, False]))
     assert mmcs < 1.0 and abs(ml2r - float(np.hypot(1.0, 0.1))) < 1e-9
+
+
+def test_equal_recipes_share_one_evaluation_program() -> None:
+    """A run's monitors and final evaluation, and a sweep's members, compile `eval_step` once:
+    equal recipes (built twice from one config) get the same jitted program; a different
+    recipe its own; arguments that cannot be hashed a new one each time."""
+    recipe = make_recipe(load_config("tms_5-2", []))
+    assert make_eval_step(recipe) is make_eval_step(make_recipe(load_config("tms_5-2", [])))
+    assert ci_program(recipe) is ci_program(make_recipe(load_config("tms_5-2", [])))
+    assert make_eval_step(make_recipe(load_config("tms_5-2", ["C=7"]))) is not make_eval_step(
+        recipe
+    )
+    made: list[object] = []
+
+    def build(x: object) -> int:
+        made.append(x)
+        return len(made)
+
+    make = one_per_value(build)
+    assert make([1]) == 1 and make([1]) == 2  # a list cannot be hashed: built again
+    assert make((1,)) == 3 and make((1,)) == 3

@@ -16,8 +16,15 @@ from pd.sites import SiteTable
 from pd.state import Components, TrainState
 from pd.targets.base import Batch, ToyTarget, as_toy
 from pd.train.config import EvalConfig
-from pd.train.step import CI_ACTIVE, Metrics, Recipe, evaluate_batch, flat_metrics
-from pd.xla import compiler_options
+from pd.train.step import (
+    CI_ACTIVE,
+    Metrics,
+    Recipe,
+    ci_program,
+    evaluate_batch,
+    flat_metrics,
+)
+from pd.xla import compiler_options, one_per_value
 
 ALIVE_THRESHOLD = CI_ACTIVE  # alive: CI above 0.1 on some evaluation sample (SPEC §13)
 
@@ -72,6 +79,7 @@ EvalFn = Callable[
 ]
 
 
+@one_per_value
 def make_eval_step(recipe: Recipe) -> EvalFn:
     """Jitted `eval_step`: the loss terms on a batch, and each site's max CI over the batch."""
 
@@ -110,7 +118,7 @@ def probe_ci(
 ) -> dict[str, np.ndarray]:
     """`{site: [n_features, C]}` CI of each one-hot feature input with value 0.75."""
     probes = 0.75 * jnp.eye(n_features)
-    ci, _ = jax.jit(recipe.ci)(ci_params, comps, frozen, probes)
+    ci, _ = ci_program(recipe)(ci_params, comps, frozen, probes)
     return {n: np.asarray(v) for n, v in recipe.table.views(ci.lower).items()}
 
 
@@ -161,6 +169,13 @@ def accumulate(
     return sums, site_max
 
 
+@one_per_value
+def _sampler(target: ToyTarget) -> Callable[[Key[Array, ""], int], Batch]:
+    """Jitted `target.sample`."""
+    fn: Callable[[Key[Array, ""], int], Batch] = jax.jit(target.sample, static_argnums=1)
+    return fn
+
+
 EVAL_FOLD = 2**31 - 1  # evaluation data: from fold_in(run_key, EVAL_FOLD), or steps below it
 # `(recipe, state, frozen, batches, run key, eval config) → summary`
 Evaluate = Callable[
@@ -178,7 +193,7 @@ def evaluate_toy(
     eval_step = make_eval_step(recipe)
     batch = cfg.batch
     n_batches = max(1, -(-cfg.n_samples // batch))
-    sample = jax.jit(target.sample, static_argnums=1)
+    sample = _sampler(target)
     key = jax.random.fold_in(run_key, EVAL_FOLD)
 
     def results() -> Iterator[tuple[dict[str, np.ndarray], tuple[np.ndarray, ...]]]:

@@ -21,7 +21,7 @@ from pd.train.evaluate import (
     site_max,
 )
 from pd.train.step import Metrics, PassInputs, Recipe, ci_l0
-from pd.xla import compiler_options
+from pd.xla import compiler_options, one_per_value
 
 Tokens = Int[Array, "B T"]
 MaskEvalFn = Callable[
@@ -37,6 +37,7 @@ def next_token_ce(logits: Float[Array, "B T V"], tokens: Tokens) -> Float[Array,
     return -jnp.mean(picked)
 
 
+@one_per_value
 def make_mask_eval_step(recipe: Recipe) -> MaskEvalFn:
     """Jitted `eval_step`: the divergence (and, for token batches, CE) per mask kind, CI-L0
     per site, each site's max CI."""

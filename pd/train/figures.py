@@ -7,7 +7,7 @@ import haiku as hk
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import jax
+
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
@@ -18,7 +18,7 @@ from pd.state import Components, TrainState
 from pd.targets.base import Batch, ToyTarget
 from pd.train.evaluate import ALIVE_THRESHOLD, KnownAnswer, probe_ci
 from pd.train.kinds import Labels
-from pd.train.step import Recipe
+from pd.train.step import Recipe, ci_program
 
 
 def _ci_probes(
@@ -112,7 +112,7 @@ def _ci_over_rows(
     across, labelled with their index c in the site's `V[:, c]`."""
     sequence = jnp.issubdtype(x.dtype, jnp.integer)  # token batches
     shown = x[:1] if sequence else x[:32]
-    ci, _ = jax.jit(recipe.ci)(state.ci_params, state.components, frozen, shown)
+    ci, _ = ci_program(recipe)(state.ci_params, state.components, frozen, shown)
     views = {
         n: np.asarray(v).reshape(-1, v.shape[-1]) for n, v in recipe.table.views(ci.lower).items()
     }

@@ -45,7 +45,7 @@ from pd.targets.base import Batch, Output, Taps, Target, ToyTarget, as_toy
 from pd.train.config import LossConfig, ReconTerm, TrainConfig
 from pd.train.optim import ci_optimizer, component_optimizer
 from pd.train.schedule import schedule_value
-from pd.xla import compiler_options
+from pd.xla import compiler_options, one_per_value
 
 # Scalars, plus `ci_l0`: one value per site in `SiteTable.group_order` (see `flat_metrics`).
 Metrics = dict[str, Float[Array, "..."]]
@@ -105,6 +105,16 @@ class Recipe:
         """The output with every site live and routed everywhere, S1 masks from `mode`."""
         sites = layer_sites(self.table, inp.comps.V, inp.comps.U, inp.ci_lower, sources)
         return self.forward(inp, Sites(decomposed_hook(mode), sites))
+
+
+CIProgram = Callable[[GroupParams, Components, hk.Params, Batch], tuple[CI, Output]]
+
+
+@one_per_value
+def ci_program(recipe: Recipe) -> CIProgram:
+    """Jitted `recipe.ci`, for the evaluation's probes and the figures."""
+    fn: CIProgram = jax.jit(recipe.ci)
+    return fn
 
 
 def stochastic_recon(
@@ -358,6 +368,7 @@ def batch_key(run_key: Key[Array, ""], step: int | Int[Array, ""]) -> Key[Array,
     return jax.random.fold_in(jax.random.fold_in(run_key, step), 0)
 
 
+@one_per_value
 def make_sampler(
     target: ToyTarget, batch_size: int
 ) -> Callable[[Key[Array, ""], Int[Array, ""]], Batch]:
