@@ -1,0 +1,53 @@
+"""Sweeps: N decompositions of one recipe, trained together as one vmapped, jitted program,
+with one run folder per member and a summary table (`sweep.json`).
+
+    python -m pd.train sweep PRESET_OR_FILE --seeds 0-15 [--grid KEY=[V1,V2,...]]
+        [--vary-target-seed] [--members-per-program K] [--set key=value ...] [--out DIR]
+
+A member differs from the others of its group only in what is traced: the key tree of its
+`seed` (init, sources, batches, S18) and, with `vary_target_seed`, its target (`target.seed` =
+the member's seed; the frozen parameters are a traced argument, S18, stacked along the member
+axis). By default every member decomposes the same target. Everything static — the target's
+shape, the CI function, the loss terms and coefficients, the schedules, batch and steps — is
+the group's recipe. A `--grid` over config keys (loss coefficients, C, ...) makes one group per
+value, and each group is its own compiled program; the groups run one after another.
+
+Member i follows the run of its own config alone (`pd.train.run`): the same keys, batches and
+step function, vmapped; the batched program may reassociate float sums, so the two agree to
+about 1e-5 after a few steps rather than bit for bit (tests/test_sweep.py).
+
+A group's members are vmapped `members_per_program` at a time, each such program sharded over
+the devices along the member axis (`shard_map`: no member talks to another). On accelerators
+the default is the whole group at once. On CPU devices it is one member per device: the step
+of a toy is compute- and memory-bound there, so a wider vmap does not make a member's step
+cheaper (tms_5-2 on 2 cores, ms per member-step, medians of 3: alone 3.97; 2 vmapped on one
+device 3.85; one on each of 2 devices 3.48; 2 on each 3.86; 4 on one device 7.9, its arrays
+outgrow the caches). What a CPU sweep saves is one compile, one target and one process for all
+members, plus the core a single small run leaves idle (the CLI starts one CPU device per core).
+
+Sweeps write no checkpoints and cannot be resumed; a member whose numbers turn non-finite is
+reported in the table and gets no run folder, as a single run would; the others go on.
+
+The modules: `spec` (the members, from seeds and grids), `programs` (a group's programs over
+stacked members), `chunk` (training the members one call of them takes), `run` (`sweep`),
+`result` (the table and `sweep.json`), `cli`.
+"""
+
+from pd.train.sweep.cli import main
+from pd.train.sweep.result import VERDICT_KEYS, MemberResult, SweepResult
+from pd.train.sweep.run import default_members_per_program, sweep
+from pd.train.sweep.spec import Member, SweepSpec, load_sweep, parse_seeds, seed_sweep
+
+__all__ = [
+    "VERDICT_KEYS",
+    "Member",
+    "MemberResult",
+    "SweepResult",
+    "SweepSpec",
+    "default_members_per_program",
+    "load_sweep",
+    "main",
+    "parse_seeds",
+    "seed_sweep",
+    "sweep",
+]

@@ -1,0 +1,205 @@
+"""Training one chunk of a group: the members one call of its programs trains together."""
+
+import dataclasses
+import json
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+
+from pd.init import key_tree
+from pd.state import TrainState
+from pd.targets.base import Batch
+from pd.targets.configs import TargetConfig
+from pd.targets.train import TrainedTarget
+from pd.train.evaluate import EVAL_FOLD
+from pd.train.recipe import make_batches
+from pd.train.sinks import MetricSinks
+from pd.train.step import (
+    flat_metrics,
+)
+from pd.train.sweep.programs import (
+    MEMBERS,
+    SHARED,
+    Group,
+    Programs,
+)
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _rows_unlogged() -> Iterator[None]:
+    """Without a bar, every member's sinks would log one line per row: the sweep logs one line
+    per logged step for all of them instead."""
+
+    class Unlogged(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return record.levelno > logging.INFO
+
+    sinks_log, quiet = logging.getLogger("pd.train.sinks"), Unlogged()
+    sinks_log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        sinks_log.removeFilter(quiet)
+
+
+def member_state(host: TrainState, i: int) -> TrainState:
+    """Member `i` of host-side stacked states, as device arrays of its own."""
+    state: TrainState = jax.tree.map(lambda a: jnp.asarray(a[i]), host)
+    return state
+
+
+class Chunk:
+    """Members trained by one call of a group's programs: `size` real ones, then copies of the
+    last (padding to a multiple of the devices), whose results are dropped."""
+
+    def __init__(
+        self,
+        group: Group,
+        programs: Programs,
+        mesh: Mesh,
+        members: list[int],
+        size: int,
+        trained: dict[TargetConfig, TrainedTarget],
+        stacked_frozen: bool,
+    ) -> None:
+        self.group, self.programs, self.size = group, programs, size
+        self.members = [group.members[i] for i in members]
+        self.kinds = [group.kinds[i] for i in members]
+        self.trained = [trained[m.config.target] for m in self.members]
+        on_members, shared = NamedSharding(mesh, MEMBERS), NamedSharding(mesh, SHARED)
+        keys = [key_tree(m.config.seed) for m in self.members]
+        init, src, run = (jnp.stack([k[j] for k in keys]) for j in range(3))
+        self.init_keys, self.src_keys, self.run_keys = jax.device_put((init, src, run), on_members)
+        self.host_run_keys = run
+        if stacked_frozen:
+            stacked = jax.tree.map(lambda *a: jnp.stack(a), *(t.params for t in self.trained))
+            self.frozen: hk.Params = jax.device_put(stacked, on_members)
+        else:
+            self.frozen = jax.device_put(self.trained[0].params, shared)
+        self.on_members = on_members
+
+    def batches(self) -> Callable[[int], Batch]:
+        """The members' batches of a step, stacked (S18: each a pure function of its seed)."""
+        sample = self.programs.sample
+        if sample is not None:
+            return lambda step: sample(self.run_keys, jnp.asarray(step, jnp.int32))
+        recipe = self.group.recipe
+        per_member = [
+            make_batches(m.config, recipe, k, None, kind=kind)
+            for m, k, kind in zip(self.members, self.host_run_keys, self.kinds, strict=True)
+        ]
+        return lambda step: jax.device_put(
+            jnp.stack([b(step) for b in per_member]), self.on_members
+        )
+
+    def evaluation(self, i: int, state: TrainState, folder: Path) -> dict[str, float]:
+        """Member `i`'s summary (and figures), exactly as `pd.train.run` evaluates a run."""
+        config, kind, recipe = self.members[i].config, self.kinds[i], self.group.recipe
+        frozen, run_key = self.trained[i].params, self.host_run_keys[i]
+        eval_batches = make_batches(config, recipe, run_key, None, True, kind)
+        summary = kind.evaluate(recipe, state, frozen, eval_batches, run_key, config.eval)
+        if config.eval.figures:
+            from pd.train.figures import write_figures  # matplotlib when drawing
+
+            x, known = eval_batches(EVAL_FOLD), kind.known(recipe.target)
+            write_figures(recipe, state, frozen, x, folder, kind.labels, known)
+        return summary
+
+    def train(self, folders: list[Path]) -> tuple[TrainState, list[str]]:
+        """Every member's final state (host-side, stacked) and why each diverged ("" if not);
+        rows into each member's sinks."""
+        programs, recipe, cfg = self.programs, self.group.recipe, self.group.recipe.train
+        states = programs.init(self.init_keys, self.src_keys)
+        if cfg.faith_warmup_steps > 0:
+            states = programs.warmup(states, self.frozen)
+        batches, diverged = self.batches(), [""] * self.size
+        last = (0, time.perf_counter())
+        with ExitStack() as stack, _rows_unlogged():
+            sinks = []
+            for member, folder in zip(self.members[: self.size], folders, strict=True):
+                c = member.config
+                (folder / "config.json").write_text(
+                    json.dumps(dataclasses.asdict(c), indent=2, allow_nan=False)
+                )
+                sinks.append(
+                    stack.enter_context(
+                        MetricSinks(
+                            folder,
+                            cfg.steps,
+                            log_every=cfg.log_every,
+                            eval_every=cfg.eval_every,
+                            tensorboard=cfg.tensorboard,
+                            wandb=cfg.wandb,
+                            run_name=c.name,
+                            config=dataclasses.asdict(c),
+                            interactive=False,
+                        )
+                    )
+                )
+            first = 0
+            while first < cfg.steps:
+                step = first  # the last step of this call
+                if programs.steps is None:
+                    x = batches(step)
+                    states, metrics = programs.step(states, self.frozen, x, self.run_keys)
+                else:  # toys: up to the next logged step in one call, as a run takes them
+                    step = sinks[0].next_logged(first)
+                    n = jnp.asarray(step - first + 1, jnp.int32)
+                    states, metrics = programs.steps(states, self.frozen, self.run_keys, n)
+                first = step + 1
+                evaluate = sinks[0].should_eval(step) and step < cfg.steps - 1
+                if not (sinks[0].should_log(step) or evaluate):
+                    continue
+                x = batches(step)
+                step_arr = jnp.asarray(step, jnp.int32)
+                monitors = programs.monitors(states, self.frozen, x, self.run_keys, step_arr)
+                host = jax.device_get({**metrics, **monitors})
+                host_states = jax.device_get(states) if evaluate else None
+                totals = []
+                for i, sink in enumerate(sinks):
+                    if diverged[i]:
+                        continue
+                    row = flat_metrics(recipe.table, {k: v[i] for k, v in host.items()})
+                    bad = [k for k, v in row.items() if not math.isfinite(v)]
+                    if bad:
+                        others = f" (and {len(bad) - 1} more terms)" if len(bad) > 1 else ""
+                        diverged[i] = (
+                            f"training diverged at step {step}: {bad[0]} is {row[bad[0]]}{others}"
+                        )
+                        continue
+                    if host_states is not None:
+                        state = member_state(host_states, i)
+                        evaluated = self.evaluation(i, state, folders[i])
+                        row |= {f"eval/{k}": v for k, v in evaluated.items()}
+                    sink.log(step, row)
+                    totals.append(row["loss/total"])
+                done, before = last
+                last = (step + 1, time.perf_counter())
+                speed = (step + 1 - done) / max(last[1] - before, 1e-9)
+                loss = (
+                    f"loss/total median {statistics.median(totals):.4g} "
+                    f"(min {min(totals):.4g}, max {max(totals):.4g})"
+                    if totals
+                    else "every member diverged"
+                )
+                log.info(
+                    "step %d/%d of %d members: %s, %.3g steps/s",
+                    step,
+                    cfg.steps,
+                    self.size,
+                    loss,
+                    speed,
+                )
+        host_final: TrainState = jax.device_get(states)
+        return host_final, diverged

@@ -1,0 +1,172 @@
+"""A group's jitted programs: one member's functions, vmapped over the members and sharded
+over the devices along the member axis."""
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar, cast
+
+import haiku as hk
+import jax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Key
+
+from pd.state import TrainState
+from pd.targets.base import Batch, as_toy
+from pd.targets.configs import FactoryConfig, TargetConfig
+from pd.train.config import ConfigError, RunConfig
+from pd.train.init_state import initial_state
+from pd.train.kinds import TargetKind, kind_of
+from pd.train.recipe import make_recipe
+from pd.train.step import (
+    Metrics,
+    Recipe,
+    batch_key,
+    evaluate_batch,
+    faith_warmup,
+    make_sampler,
+    step_fn,
+    steps_fn,
+)
+from pd.train.sweep.spec import Member, SweepSpec
+from pd.xla import compiler_options
+
+_spec: Callable[..., P] = P  # its constructor is unannotated upstream
+MEMBERS = _spec("members")  # the leading axis of every per-member array
+SHARED = _spec()
+
+
+@dataclass(frozen=True)
+class Group:
+    """Members that share one recipe, so one compiled program; their target kinds."""
+
+    recipe: Recipe
+    members: tuple[Member, ...]
+    kinds: tuple[TargetKind, ...]
+
+    @property
+    def toy(self) -> bool:
+        """Toy batches are drawn on device, inside the program (S18); others come from the host."""
+        return self.kinds[0].sampled
+
+
+def static_config(config: RunConfig) -> RunConfig:
+    """What the members of one group share: the config without its name and seeds."""
+    target = config.target
+    if not isinstance(target, FactoryConfig):
+        target = dataclasses.replace(target, seed=0)
+    return dataclasses.replace(config, name="run", seed=0, target=target)
+
+
+def group_members(spec: SweepSpec) -> list[Group]:
+    """The members grouped by their static config, each group checked before anything runs."""
+    names = [m.name for m in spec.members]
+    if not names:
+        raise ConfigError("a sweep needs at least one member, expected one seed or more")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"sweep member '{repeated[0]}' is named twice, expected unique names")
+    by_static: dict[RunConfig, list[Member]] = {}
+    for member in spec.members:
+        by_static.setdefault(static_config(member.config), []).append(member)
+    groups = []
+    for members in by_static.values():
+        config = members[0].config
+        mesh = config.mesh
+        if mesh.data * mesh.model != 1 or config.distributed.coordinator:
+            raise ConfigError(
+                f"config key 'mesh' is {mesh.data}x{mesh.model} (coordinator "
+                f"'{config.distributed.coordinator}'), expected 1x1 and no coordinator in a sweep "
+                "(each member runs on one device; the sweep spreads its members over the devices)"
+            )
+        if config.train.wandb != "off":
+            raise ConfigError(
+                f"config key 'train.wandb' is '{config.train.wandb}', expected 'off' in a sweep "
+                "(its members would be W&B runs open at once in one process, which pd does not "
+                "support)"
+            )
+        kinds: dict[TargetConfig, TargetKind] = {}
+        for m in members:
+            if m.config.target not in kinds:
+                kinds[m.config.target] = kind_of(m.config.target)
+        recipe = make_recipe(config, kinds[config.target])
+        for kind in kinds.values():
+            kind.check_inputs()
+        groups.append(Group(recipe, tuple(members), tuple(kinds[m.config.target] for m in members)))
+    return groups
+
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def per_member(
+    f: F, mesh: Mesh, options: dict[str, str], in_specs: tuple[P, ...], donate: bool = False
+) -> F:
+    """`f` of one member, vmapped over the members' leading axis (`MEMBERS` arguments; `SHARED`
+    ones are broadcast) and sharded over `mesh`'s member axis, under jit with the compiler
+    `options`; `donate`: the first argument's buffers."""
+    in_axes = tuple(0 if spec == MEMBERS else None for spec in in_specs)
+    mapped = jax.vmap(f, in_axes=in_axes)
+    sharded = jax.shard_map(mapped, mesh=mesh, in_specs=in_specs, out_specs=MEMBERS)
+    donate_argnums = (0,) if donate else ()
+    return cast(F, jax.jit(sharded, donate_argnums=donate_argnums, compiler_options=options))
+
+
+# `train_step` over stacked members: states, frozen (stacked or shared), batches, run keys.
+StackedStep = Callable[[TrainState, hk.Params, Batch, Key[Array, " n"]], tuple[TrainState, Metrics]]
+
+
+# `train_steps` over stacked members: states, frozen, run keys, the (shared) number of steps.
+StackedSteps = Callable[
+    [TrainState, hk.Params, Key[Array, " n"], jax.Array], tuple[TrainState, Metrics]
+]
+
+
+@dataclass(frozen=True)
+class Programs:
+    """A group's jitted functions over stacked members, named as a single run's are (the
+    monitors of logged steps: `monitor_step`, where a run calls its `eval_step`)."""
+
+    init: Callable[[Key[Array, " n"], Key[Array, " n"]], TrainState]
+    warmup: Callable[[TrainState, hk.Params], TrainState]
+    step: StackedStep
+    steps: StackedSteps | None  # toys
+    monitors: Callable[[TrainState, hk.Params, Batch, Key[Array, " n"], jax.Array], Metrics]
+    sample: Callable[[Key[Array, " n"], jax.Array], Batch] | None  # toys
+
+
+def make_programs(group: Group, mesh: Mesh, stacked_frozen: bool) -> Programs:
+    recipe = group.recipe
+    frozen = MEMBERS if stacked_frozen else SHARED
+    options = compiler_options(recipe.ci_fn)
+
+    def init_train_state(init_key: Key[Array, ""], src_key: Key[Array, ""]) -> TrainState:
+        return initial_state(recipe, init_key, src_key)
+
+    def faithfulness_warmup(state: TrainState, frozen: hk.Params) -> TrainState:
+        return state._replace(components=faith_warmup(recipe, state.components, frozen))
+
+    def monitor_step(
+        state: TrainState, frozen: hk.Params, x: Batch, run_key: Key[Array, ""], step: jax.Array
+    ) -> Metrics:
+        # The monitors of a logged step, on its batch, as `pd.train.run` computes them.
+        metrics, _ = evaluate_batch(recipe, state, frozen, x, batch_key(run_key, step))
+        return {k: v for k, v in metrics.items() if k.startswith("monitor/")}
+
+    sample = steps = None
+    if group.toy:
+        toy_sample = make_sampler(as_toy(recipe.target), recipe.train.batch)
+        sample = per_member(toy_sample, mesh, options, (MEMBERS, SHARED))
+        steps_of_one = steps_fn(recipe, recipe.train.batch)
+        steps = per_member(steps_of_one, mesh, options, (MEMBERS, frozen, MEMBERS, SHARED), True)
+    return Programs(
+        init=per_member(init_train_state, mesh, options, (MEMBERS, MEMBERS)),
+        warmup=per_member(faithfulness_warmup, mesh, options, (MEMBERS, frozen), donate=True),
+        step=per_member(step_fn(recipe), mesh, options, (MEMBERS, frozen, MEMBERS, MEMBERS), True),
+        steps=steps,
+        monitors=per_member(
+            monitor_step, mesh, options, (MEMBERS, frozen, MEMBERS, MEMBERS, SHARED)
+        ),
+        sample=sample,
+    )

@@ -1,0 +1,115 @@
+"""What a sweep leaves behind: each member's result, the table, `sweep.json`."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import haiku as hk
+
+from pd.compile_times import CompileTimes
+from pd.state import TrainState
+from pd.train.sweep.spec import Member
+
+# The TMS verdict of tests/test_convergence.py, generalised: every site's CI error is 0.
+VERDICT_KEYS = ("identity_ci_error_0.1/", "dense_ci_error_0.1/")
+
+
+@dataclass(frozen=True)
+class MemberResult:
+    """What one member leaves behind: its folder (None when it diverged), summary and state."""
+
+    member: Member
+    run_dir: Path | None
+    summary: dict[str, float]
+    state: TrainState
+    frozen: hk.Params
+    diverged: str = ""  # the sentence a single run would have stopped with
+
+    @property
+    def recovered(self) -> bool | None:
+        """Every site's identity (or dense) CI error at tol 0.1 is 0; None without a known
+        answer."""
+        errors = [v for k, v in self.summary.items() if k.startswith(VERDICT_KEYS)]
+        if self.diverged:
+            return False
+        return all(e == 0.0 for e in errors) if errors else None
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """A finished sweep: its folder, every member's result, the compile times and wall time."""
+
+    sweep_dir: Path
+    members: tuple[MemberResult, ...]
+    compile_times: CompileTimes
+    wall_s: float
+
+    @property
+    def n_recovered(self) -> int:
+        return sum(m.recovered is True for m in self.members)
+
+    def table(self) -> str:
+        """One row per member: recovered, CI errors, MMCS, CI-L0; then the count recovered."""
+        families = ("identity_ci_error_0.1/", "dense_ci_error_0.1/", "mmcs/", "ci_l0/")
+        keys = sorted(
+            {k for m in self.members for k in m.summary if k.startswith(families)},
+            key=lambda k: (next(i for i, f in enumerate(families) if k.startswith(f)), k),
+        )
+        short = [
+            k.replace("identity_ci_error_0.1", "id_err").replace("dense_ci_error_0.1", "dense_err")
+            for k in keys
+        ]
+        width = max(len(m.member.name) for m in self.members)
+        head = f"{'member':<{width}}  {'recovered':<9}  " + "  ".join(
+            f"{s:>{max(len(s), 7)}}" for s in short
+        )
+        lines = [head]
+        verdicts = {True: "yes", False: "no", None: "-"}
+        for m in self.members:
+            cells = [
+                f"{m.summary[k]:>{max(len(s), 7)}.4g}"
+                if k in m.summary
+                else f"{'-':>{max(len(s), 7)}}"
+                for k, s in zip(keys, short, strict=True)
+            ]
+            text = "  ".join(cells) if not m.diverged else m.diverged
+            lines.append(f"{m.member.name:<{width}}  {verdicts[m.recovered]:<9}  {text}")
+        judged = [m for m in self.members if m.recovered is not None]
+        if judged:
+            lines.append(
+                f"recovered: {self.n_recovered} of {len(self.members)} members (CI error 0 on "
+                "every site at tol 0.1)"
+            )
+        lines.append(f"wall time {self.wall_s:.1f} s for {len(self.members)} members")
+        return "\n".join(lines)
+
+
+def write_summary(result: SweepResult, tmp_dir: Path) -> None:
+    """`sweep.json` (per member: seeds, verdict, summary) and every `compile.json`."""
+    members = []
+    for m in result.members:
+        c = m.member.config
+        target_seed = getattr(c.target, "seed", None)
+        members.append(
+            {
+                "name": m.member.name,
+                "seed": c.seed,
+                "target_seed": target_seed,
+                "recovered": m.recovered,
+                "diverged": m.diverged,
+                "summary": m.summary,
+            }
+        )
+    judged = [m for m in result.members if m.recovered is not None]
+    record = {
+        "members": members,
+        "n_members": len(members),
+        "n_recovered": result.n_recovered if judged else None,
+        "wall_s": result.wall_s,
+    }
+    (tmp_dir / "sweep.json").write_text(json.dumps(record, indent=2, allow_nan=False))
+    (tmp_dir / "sweep.txt").write_text(result.table() + "\n")
+    result.compile_times.write(tmp_dir / "compile.json")
+    for m in result.members:
+        if m.run_dir is not None:  # the program the member was compiled into, shared
+            result.compile_times.write(tmp_dir / m.member.name / "compile.json")

@@ -1,0 +1,146 @@
+"""`sweep`: every group's members trained chunk by chunk, each member's run folder written."""
+
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+from pd.compile_times import recording
+from pd.data import DataError
+from pd.log import show_pd_logs
+from pd.targets.configs import TargetConfig
+from pd.targets.hf import CheckpointError
+from pd.targets.train import TrainedTarget
+from pd.train.config import ConfigError
+from pd.train.run import write_results
+from pd.train.rundir import check_destination, mark_finished, staged
+from pd.train.sweep.chunk import Chunk, member_state
+from pd.train.sweep.programs import Group, group_members, make_programs
+from pd.train.sweep.result import MemberResult, SweepResult, write_summary
+from pd.train.sweep.spec import SweepSpec
+
+log = logging.getLogger(__name__)
+
+
+def default_members_per_program(devices: Sequence[jax.Device]) -> int | None:
+    """All of a group's members at once (None) on accelerators; on CPU devices, one per device
+    (the measurement is in `pd.train.sweep`'s docstring)."""
+    return len(devices) if devices[0].platform == "cpu" else None
+
+
+def _run_group(
+    group: Group,
+    tmp_dir: Path,
+    sweep_dir: Path,
+    per_program: int | None,
+    devices: Sequence[jax.Device],
+    t0: float,
+) -> list[MemberResult]:
+    """Train a group's members, `per_program` at a time over `devices`, and write their run
+    folders."""
+    recipe, trained = group.recipe, dict[TargetConfig, TrainedTarget]()
+    for member, kind in zip(group.members, group.kinds, strict=True):
+        target = member.config.target
+        if target not in trained:
+            try:
+                trained[target] = kind.load_frozen(recipe.target)
+            except CheckpointError as err:
+                raise ConfigError(str(err)) from None
+            log.info("target ready (%s)", trained[target].describe())
+    stacked_frozen = len(trained) > 1
+    n = len(group.members)
+    count = -(-n // min(per_program or n, n))
+    sizes = [n // count + (1 if i < n % count else 0) for i in range(count)]
+    n_devices = min(len(devices), max(sizes))
+    mesh = Mesh(np.array(devices[:n_devices]), ("members",), axis_types=(AxisType.Auto,))
+    programs = make_programs(group, mesh, stacked_frozen)
+    results, start = [], 0
+    for size in sizes:
+        indices = list(range(start, start + size))
+        start += size
+        indices += [indices[-1]] * (-size % n_devices)
+        chunk = Chunk(group, programs, mesh, indices, size, trained, stacked_frozen)
+        names = ", ".join(m.name for m in chunk.members[:size])
+        log.info(
+            "training %s (%d per device, %d devices)", names, len(indices) // n_devices, n_devices
+        )
+        results += _train_chunk(chunk, tmp_dir, sweep_dir, t0)
+    return results
+
+
+def _train_chunk(chunk: Chunk, tmp_dir: Path, sweep_dir: Path, t0: float) -> list[MemberResult]:
+    """Train a chunk, then write each member's run folder as `pd.train.run` does."""
+    members = chunk.members[: chunk.size]
+    folders = [tmp_dir / m.name for m in members]
+    for folder in folders:
+        folder.mkdir(parents=True)
+    host, diverged = chunk.train(folders)
+    results = []
+    for i, (member, folder) in enumerate(zip(members, folders, strict=True)):
+        state, trained = member_state(host, i), chunk.trained[i]
+        if diverged[i]:  # no folder: nothing that looks like a result
+            shutil.rmtree(folder)
+            results.append(MemberResult(member, None, {}, state, trained.params, diverged[i]))
+            log.warning("member %s: %s", member.name, diverged[i])
+            continue
+        evaluation = partial(chunk.evaluation, i)
+        summary = write_results(folder, state, trained, evaluation, t0)  # t0: the sweep's start
+        mark_finished(folder)
+        results.append(
+            MemberResult(member, sweep_dir / member.name, summary, state, trained.params)
+        )
+    return results
+
+
+def sweep(
+    spec: SweepSpec,
+    out: Path | None = None,
+    overwrite: bool = False,
+    members_per_program: int | None = None,
+    devices: Sequence[jax.Device] | None = None,
+) -> SweepResult:
+    """Train every member of `spec` and write `out` (default `runs/NAME-sweep`): one run
+    folder per member, as `pd.train.run` writes it (without checkpoints), `sweep.json`,
+    `sweep.txt` (the table) and `compile.json`.
+
+    Each group's members are vmapped `members_per_program` at a time (default
+    `default_members_per_program`) and spread over `devices` (default all; on a CPU, start jax
+    with `jax_num_cpu_devices` set to the number of cores to use them all, as the CLI does).
+    The folder appears only when the whole sweep has finished (`pd.train.rundir.staged`).
+    """
+    show_pd_logs()
+    sweep_dir = Path(out) if out is not None else Path("runs") / f"{spec.name}-sweep"
+    if members_per_program is not None and members_per_program < 1:
+        raise ConfigError(
+            f"--members-per-program is {members_per_program}, expected a positive integer"
+        )
+    try:
+        groups = group_members(spec)
+    except DataError as err:
+        raise ConfigError(str(err)) from None
+    check_destination(sweep_dir, overwrite)
+    devices = list(devices or jax.devices())
+    per_program = members_per_program or default_members_per_program(devices)
+    t0 = time.perf_counter()
+    with recording() as compile_times, staged(sweep_dir, overwrite) as tmp_dir:
+        results: list[MemberResult] = []
+        for g, group in enumerate(groups):
+            log.info(
+                "group %d of %d: %d members, %d steps",
+                g + 1,
+                len(groups),
+                len(group.members),
+                group.recipe.train.steps,
+            )
+            results += _run_group(group, tmp_dir, sweep_dir, per_program, devices, t0)
+        order = {m.name: i for i, m in enumerate(spec.members)}
+        results.sort(key=lambda r: order[r.member.name])
+        result = SweepResult(sweep_dir, tuple(results), compile_times, time.perf_counter() - t0)
+        write_summary(result, tmp_dir)
+    return result
