@@ -1,13 +1,15 @@
 """Wall time and throughput of N decompositions as one sweep against N runs one after another.
 
     python bench/sweep.py [PRESET] [--n 16] [--set key=value ...] [--per-program K ...]
-        [--cpu-devices D] [--skip-sequential]
+        [--cpu-devices D] [--sequential {process,cli,both,none}]
 
 Both sides start from an empty target cache of their own (the target is trained once on each
-side: the sequential runs after the first read it from the cache) and include every compile;
-the sequential runs are `pd.train.run` calls in this one process (no interpreter start-up per
-run, which favours them). Both write their run folders under a temporary folder, with the
-same config (`--set` applies to both). `--per-program K` (repeatable) also times the sweep
+side: the sequential runs after the first read it from the cache) and include every compile.
+The sequential runs are `pd.train.run` calls in this one process (`process`: no interpreter
+start-up or import per run, and jax's in-process caches shared, which favours them) or
+`python -m pd.train PRESET --set seed=S` commands one after another (`cli`: what a researcher
+types). Both write their run folders under a temporary folder, with the same config (`--set`
+applies to both). `--per-program K` (repeatable) also times the sweep
 with K members per program; `--cpu-devices D` starts jax with D CPU devices, as
 `python -m pd.train sweep` does with one per core. Prints the sweep's table, one row per side
 (wall seconds, member-steps per second, speedup over the sequential runs) and whether each
@@ -15,7 +17,10 @@ member's verdict (recovered or not) is the one its run alone reached.
 """
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,6 +47,24 @@ def timed_sequential(
     return time.perf_counter() - t0, verdicts
 
 
+def timed_cli(
+    preset: str, overrides: list[str], n: int, folder: Path
+) -> tuple[float, list[bool | None]]:
+    """The wall time of `n` commands `python -m pd.train`, seeds 0 … n − 1, one after another,
+    and whether each recovered the answer."""
+    env = {**os.environ, "PD_CACHE_DIR": str(folder / "cache-cli")}
+    sets = [a for o in overrides for a in ("--set", o)]
+    t0, verdicts = time.perf_counter(), []
+    for seed in range(n):
+        out = folder / f"cli-{seed}"
+        command = [sys.executable, "-m", "pd.train", preset, *sets, "--set", f"seed={seed}"]
+        subprocess.run([*command, "--out", str(out)], env=env, check=True, capture_output=True)
+        summary = json.loads((out / "summary.json").read_text())
+        errors = [v for k, v in summary.items() if k.startswith(VERDICT_KEYS)]
+        verdicts.append(all(e == 0.0 for e in errors) if errors else None)
+    return time.perf_counter() - t0, verdicts
+
+
 def timed_sweep(
     preset: str, overrides: list[str], n: int, folder: Path, per_program: int | None
 ) -> tuple[float, list[bool | None], str]:
@@ -63,7 +86,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--per-program", type=int, action="append", default=[])
-    parser.add_argument("--skip-sequential", action="store_true")
+    parser.add_argument(
+        "--sequential", choices=("process", "cli", "both", "none"), default="process"
+    )
     parser.add_argument(
         "--cpu-devices", type=int, default=0, help="simulated CPU devices (0: jax's default)"
     )
@@ -88,18 +113,26 @@ def main() -> None:
             rows.append((label, wall))
             swept = swept or verdicts
             print(f"{label}: {wall:.1f} s\n{table}", flush=True)
-        sequential, alone = None, list[bool | None]()
-        if not args.skip_sequential:
-            sequential, alone = timed_sequential(args.preset, args.overrides, args.n, folder)
-            rows.append(("sequential runs", sequential))
-    print(f"\n{'side':<28} {'wall s':>8} {'member-steps/s':>15} {'speedup':>8}")
+        alone: dict[str, tuple[float, list[bool | None]]] = {}
+        if args.sequential in ("process", "both"):
+            alone["runs in one process"] = timed_sequential(
+                args.preset, args.overrides, args.n, folder
+            )
+        if args.sequential in ("cli", "both"):
+            alone["python -m pd.train runs"] = timed_cli(
+                args.preset, args.overrides, args.n, folder
+            )
+        for label, (wall, _) in alone.items():
+            rows.append((label, wall))
+            print(f"{label}: {wall:.1f} s", flush=True)
+    sweep_wall = rows[0][1]
+    print(f"\n{'side':<28} {'wall s':>8} {'member-steps/s':>15} {'sweep speedup':>14}")
     for label, wall in rows:
-        speedup = f"{sequential / wall:8.2f}" if sequential is not None else f"{'-':>8}"
-        print(f"{label:<28} {wall:8.1f} {member_steps / wall:15.1f} {speedup}")
-    if alone:
-        same = sum(a == b for a, b in zip(swept, alone, strict=True))
-        print(f"recovered: sweep {swept.count(True)}, runs alone {alone.count(True)} of {args.n}")
-        print(f"the same verdict as the run alone: {same} of {args.n} members")
+        print(f"{label:<28} {wall:8.1f} {member_steps / wall:15.1f} {wall / sweep_wall:14.2f}")
+    for label, (_, verdicts) in alone.items():
+        same = sum(a == b for a, b in zip(swept, verdicts, strict=True))
+        print(f"{label}: {verdicts.count(True)} of {args.n} recovered (sweep {swept.count(True)});")
+        print(f"  the same verdict as the sweep's member: {same} of {args.n}")
 
 
 if __name__ == "__main__":
