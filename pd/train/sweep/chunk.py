@@ -23,15 +23,8 @@ from pd.targets.train import TrainedTarget
 from pd.train.evaluate import EVAL_FOLD
 from pd.train.recipe import make_batches
 from pd.train.sinks import MetricSinks
-from pd.train.step import (
-    flat_metrics,
-)
-from pd.train.sweep.programs import (
-    MEMBERS,
-    SHARED,
-    Group,
-    Programs,
-)
+from pd.train.step import flat_metrics
+from pd.train.sweep.programs import MEMBERS, SHARED, Group, Programs
 
 log = logging.getLogger(__name__)
 
