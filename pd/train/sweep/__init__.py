@@ -19,11 +19,12 @@ about 1e-5 after a few steps rather than bit for bit (tests/test_sweep.py).
 A group's members are vmapped `members_per_program` at a time, each such program sharded over
 the devices along the member axis (`shard_map`: no member talks to another). On accelerators
 the default is the whole group at once. On CPU devices it is one member per device: the step
-of a toy is compute- and memory-bound there, so a wider vmap does not make a member's step
-cheaper (tms_5-2 on 2 cores, ms per member-step, medians of 3: alone 3.97; 2 vmapped on one
-device 3.85; one on each of 2 devices 3.48; 2 on each 3.86; 4 on one device 7.9, its arrays
-outgrow the caches). What a CPU sweep saves is one compile, one target and one process for all
-members, plus the core a single small run leaves idle (the CLI starts one CPU device per core).
+of a toy is compute-bound there (a single run already keeps both cores of this project's
+machine busy), so a wider vmap does not make a member's step cheaper (tms_5-2 on 2 cores, ms
+per member-step, the median over the logged windows of a 2000-step sweep: alone 2.15; 2
+vmapped on one device 2.11; 4 on one device 2.36; one on each of 2 devices 1.95; 2 on each
+1.95). What a CPU sweep saves is the compiles, the target, the process start-up and the
+evaluation programs of all members but the first (the CLI starts one CPU device per core).
 
 Sweeps write no checkpoints and cannot be resumed; a member whose numbers turn non-finite is
 reported in the table and gets no run folder, as a single run would; the others go on.
