@@ -30,7 +30,7 @@ import jax
 
 from pd.log import setup_logging
 from pd.train import load_config, run
-from pd.train.sweep import VERDICT_KEYS, default_members_per_program, seed_sweep, sweep
+from pd.train.sweep import default_members_per_program, recovered, seed_sweep, sweep
 
 
 def timed_sequential(
@@ -42,8 +42,7 @@ def timed_sequential(
     for seed in range(n):
         config = load_config(preset, [*overrides, f"seed={seed}"])
         summary = run(config, folder / f"run-{seed}").summary
-        errors = [v for k, v in summary.items() if k.startswith(VERDICT_KEYS)]
-        verdicts.append(all(e == 0.0 for e in errors) if errors else None)
+        verdicts.append(recovered(summary))
     return time.perf_counter() - t0, verdicts
 
 
@@ -60,8 +59,7 @@ def timed_cli(
         command = [sys.executable, "-m", "pd.train", preset, *sets, "--set", f"seed={seed}"]
         subprocess.run([*command, "--out", str(out)], env=env, check=True, capture_output=True)
         summary = json.loads((out / "summary.json").read_text())
-        errors = [v for k, v in summary.items() if k.startswith(VERDICT_KEYS)]
-        verdicts.append(all(e == 0.0 for e in errors) if errors else None)
+        verdicts.append(recovered(summary))
     return time.perf_counter() - t0, verdicts
 
 

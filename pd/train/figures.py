@@ -7,7 +7,6 @@ import haiku as hk
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np

@@ -35,12 +35,11 @@ stacked members), `chunk` (training the members one call of them takes), `run` (
 """
 
 from pd.train.sweep.cli import main
-from pd.train.sweep.result import VERDICT_KEYS, MemberResult, SweepResult
+from pd.train.sweep.result import MemberResult, SweepResult, recovered
 from pd.train.sweep.run import default_members_per_program, sweep
 from pd.train.sweep.spec import Member, SweepSpec, load_sweep, parse_seeds, seed_sweep
 
 __all__ = [
-    "VERDICT_KEYS",
     "Member",
     "MemberResult",
     "SweepResult",
@@ -49,6 +48,7 @@ __all__ = [
     "load_sweep",
     "main",
     "parse_seeds",
+    "recovered",
     "seed_sweep",
     "sweep",
 ]

@@ -14,6 +14,13 @@ from pd.train.sweep.spec import Member
 VERDICT_KEYS = ("identity_ci_error_0.1/", "dense_ci_error_0.1/")
 
 
+def recovered(summary: dict[str, float]) -> bool | None:
+    """Every site's identity (or dense) CI error at tol 0.1 is 0 in a run's `summary`; None
+    without a known answer."""
+    errors = [v for k, v in summary.items() if k.startswith(VERDICT_KEYS)]
+    return all(e == 0.0 for e in errors) if errors else None
+
+
 @dataclass(frozen=True)
 class MemberResult:
     """What one member leaves behind: its folder (None when it diverged), summary and state."""
@@ -27,12 +34,8 @@ class MemberResult:
 
     @property
     def recovered(self) -> bool | None:
-        """Every site's identity (or dense) CI error at tol 0.1 is 0; None without a known
-        answer."""
-        errors = [v for k, v in self.summary.items() if k.startswith(VERDICT_KEYS)]
-        if self.diverged:
-            return False
-        return all(e == 0.0 for e in errors) if errors else None
+        """`recovered(summary)`; False when the member diverged."""
+        return False if self.diverged else recovered(self.summary)
 
 
 @dataclass(frozen=True)
