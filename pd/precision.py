@@ -58,8 +58,7 @@ def _bwd(
     res: Residuals, g: Float[Array, "*s n"]
 ) -> tuple[Float[Array, "*s k"], Float[Array, "k n"]]:
     a16, b16 = res
-    g16 = g.astype(jnp.bfloat16)
-    # Contracting dimensions instead of transposed copies of the operands.
+    g16 = g.astype(jnp.bfloat16)  # once, for both matmuls
     ga = jax.lax.dot_general(
         g16, b16, (((g.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
