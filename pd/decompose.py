@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, Key
 
+from pd import rng
 from pd.precision import matmul
 from pd.sites import SiteTable
 
@@ -140,7 +141,7 @@ def decomposed_hook(mode: SourceMode, routes: Bool[Array, "*L n"] | None = None)
         def live(x: Float[Array, "*L d_in"]) -> Float[Array, "*L d_out"]:
             shape = (*x.shape[:-1], s.V.shape[-1] + 1)
             if isinstance(mode, Draw):
-                source = jax.random.uniform(jax.random.fold_in(mode.key, s.site_index), shape)
+                source = rng.uniform(jax.random.fold_in(mode.key, s.site_index), shape)
             elif isinstance(mode, Constant):
                 source = jnp.full(shape, mode.value).at[..., -1].set(mode.delta)
             else:

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Key
 
+from pd import rng
 from pd.sites import SiteTable, take
 
 PlanKind = Literal["all", "per_site", "subset", "chunks"]
@@ -119,7 +120,7 @@ def uniform_k_routing(
     k = jax.random.randint(k_count, (*leading, 1), 1, n_live + 1)
     # The rank of each site in a uniform random order: the k lowest ranks are a uniform k-subset;
     # padding columns draw 2, above every real draw, so they rank last.
-    draws = jax.random.uniform(k_perm, (*leading, width))
+    draws = rng.uniform(k_perm, (*leading, width))
     draws = jnp.where(jnp.arange(width) < n_live, draws, 2.0)
     ranks = jnp.argsort(draws, axis=-1).argsort(axis=-1)
     return ranks < k

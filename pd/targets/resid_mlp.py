@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Key
 
-from pd import loops
+from pd import loops, rng
 from pd.decompose import LayerSites, Sites, apply_site
 from pd.init import scaled_normal
 from pd.precision import matmul
@@ -84,8 +84,8 @@ class ResidMLP(TargetBase):
         """Each feature active with probability `feature_prob`, value U[−1, 1]."""
         k_on, k_val = jax.random.split(key)
         shape = (batch_size, self.n_features)
-        on = jax.random.bernoulli(k_on, self.feature_prob, shape)
-        return jnp.where(on, jax.random.uniform(k_val, shape, minval=-1.0, maxval=1.0), 0.0)
+        on = rng.bernoulli(k_on, self.feature_prob, shape)
+        return jnp.where(on, rng.uniform(k_val, shape, minval=-1.0, maxval=1.0), 0.0)
 
     def label(self, x: Float[Array, "B n"]) -> Float[Array, "B n"]:
         return x + jax.nn.relu(x)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Key
 
+from pd import rng
 from pd.decompose import Sites, apply_site, layer_of
 from pd.sites import SiteSpec, SiteTable, input_tap
 from pd.targets.base import Taps, TargetBase, TrainParams
@@ -72,8 +73,8 @@ class TMS(TargetBase):
         """Each feature active with probability `feature_prob`, value U[0, 1]."""
         k_on, k_val = jax.random.split(key)
         shape = (batch_size, self.n_features)
-        on = jax.random.bernoulli(k_on, self.feature_prob, shape)
-        return jnp.where(on, jax.random.uniform(k_val, shape), 0.0)
+        on = rng.bernoulli(k_on, self.feature_prob, shape)
+        return jnp.where(on, rng.uniform(k_val, shape), 0.0)
 
     def label(self, x: Float[Array, "B n"]) -> Float[Array, "B n"]:
         return x
