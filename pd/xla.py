@@ -31,8 +31,9 @@ def compiler_options(ci_fn: CIFunction) -> dict[str, str]:
 
 def one_per_value(factory: Callable[P, R]) -> Callable[P, R]:
     """`factory`, returning the jitted program it made before for equal arguments (recipes and
-    targets compare by value), so that a run's monitors and final evaluation, and the members
-    of a sweep, share one compile. Arguments that cannot be hashed (a caller's own target may
+    targets compare by value), so that a run's monitors and final evaluation, the members of a
+    sweep, and runs of one recipe in a process (a resumed run, seeds in a loop) share one
+    compile. Arguments that cannot be hashed (a caller's own target may
     not be) get a new program each time."""
     cached = lru_cache(maxsize=8)(factory)
 

@@ -197,3 +197,26 @@ def test_bf16_compute_rounds_matmul_operands_and_keeps_float32_state_and_losses(
     for k in ("loss/recon_all", "loss/recon_per_site", "loss/importance"):
         assert float(rows[1][k]) != float(rows[0][k]), k  # the mode did change the arithmetic
         np.testing.assert_allclose(float(rows[1][k]), float(rows[0][k]), rtol=5e-2, err_msg=k)
+
+
+def test_runs_of_one_recipe_share_their_programs() -> None:
+    """`one_per_value`: equal recipes (and placements) get the same jitted step, initializer and
+    faithfulness warmup, so a resumed run or a loop over seeds compiles them once; another
+    placement or batch size gets its own."""
+    from pd.shard import make_mesh
+    from pd.train.init_state import jitted_init, state_shardings
+    from pd.train.step import _faith_warmup
+
+    config = load_config("tms_5-2")
+    a, b = make_recipe(config), make_recipe(config)
+    assert a == b and a is not b
+    assert make_train_steps(a, 64) is make_train_steps(b, 64)
+    assert make_train_steps(a, 64) is not make_train_steps(a, 32)
+    assert make_train_step(a) is make_train_step(b)
+    mesh = make_mesh({"data": 1, "model": 1})  # TMS sizes divide no larger mesh
+    on_mesh = make_train_step(a, state_shardings(a, mesh))
+    assert on_mesh is make_train_step(b, state_shardings(b, mesh))  # placements built twice
+    assert on_mesh is not make_train_step(a)
+    assert jitted_init(a, mesh) is jitted_init(b, mesh)
+    assert jitted_init(a, mesh) is not jitted_init(a, None)
+    assert _faith_warmup(a) is _faith_warmup(b)

@@ -18,6 +18,7 @@ from pd.shard.state import replicated, train_state_shardings
 from pd.state import TrainState
 from pd.train.optim import ci_optimizer, component_optimizer
 from pd.train.step import Recipe
+from pd.xla import one_per_value
 
 
 def source_scope(recipe: Recipe) -> tuple[int, ...]:
@@ -89,6 +90,7 @@ def abstract_state(recipe: Recipe, mesh: Mesh | None) -> TrainState:
 InitFn = Callable[[Key[Array, ""], Key[Array, ""]], TrainState]
 
 
+@one_per_value
 def jitted_init(recipe: Recipe, mesh: Mesh | None) -> InitFn:
     """`init_train_state` under jit; on a mesh, with every leaf's placement as out_shardings."""
 

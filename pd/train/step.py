@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Sharding
+from jax.tree_util import PyTreeDef
 from jaxtyping import Array, Float, Int, Key
 
 from pd import loops
@@ -307,8 +309,17 @@ def step_fn(recipe: Recipe) -> StepFn:
 def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> StepFn:
     """One jitted `train_step(state, frozen, batch, run_key)`; frozen params are traced (S18).
 
-    With `shardings` (a mesh run) the new state keeps the placement of the old one.
+    With `shardings` (a mesh run) the new state keeps the placement of the old one. Runs of one
+    recipe and placement in a process share the program (`one_per_value`; the placement is
+    compared by its leaves, as the state's parameter dicts cannot be hashed).
     """
+    leaves, tree = jax.tree.flatten(shardings)
+    return _train_step(recipe, tuple(leaves), tree)
+
+
+@one_per_value
+def _train_step(recipe: Recipe, leaves: tuple[Sharding, ...], tree: PyTreeDef) -> StepFn:
+    shardings: TrainState | None = jax.tree.unflatten(tree, leaves)
     out = None if shardings is None else (shardings, None)
     step: StepFn = jax.jit(
         step_fn(recipe),
@@ -352,6 +363,7 @@ def steps_fn(recipe: Recipe, batch_size: int) -> StepsFn:
     return train_steps
 
 
+@one_per_value
 def make_train_steps(recipe: Recipe, batch_size: int) -> StepsFn:
     """One jitted `steps_fn`: a toy run takes the steps between two logged steps as one call,
     with no host round trip per step (README, "Where a toy step's time goes")."""
@@ -383,6 +395,11 @@ def make_sampler(
 
 def faith_warmup(recipe: Recipe, comps: Components, frozen: hk.Params) -> Components:
     """S21: `n` AdamW steps on faithfulness alone with a throwaway optimizer, before step 0."""
+    return _faith_warmup(recipe)(comps, frozen)
+
+
+@one_per_value
+def _faith_warmup(recipe: Recipe) -> Callable[[Components, hk.Params], Components]:
     cfg = recipe.train
     tx = optax.adamw(learning_rate=cfg.faith_warmup_lr, weight_decay=cfg.faith_warmup_wd)
 
@@ -402,5 +419,5 @@ def faith_warmup(recipe: Recipe, comps: Components, frozen: hk.Params) -> Compon
         )
         return comps
 
-    warmed: Components = jax.jit(faithfulness_warmup)(comps, frozen)
-    return warmed
+    fn: Callable[[Components, hk.Params], Components] = jax.jit(faithfulness_warmup)
+    return fn
