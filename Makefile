@@ -23,8 +23,13 @@ run: $(VENV)/.installed
 # A downstream project's view of pd: commands run in a fresh folder outside the repo.
 OUTSIDE = d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && cd "$$d" &&
 
+# Most of the suite's time is XLA compiles, each on one core: one worker per core (on 2 cores,
+# 25 min in one process, 20 in two). Each test file stays on one worker, so a module's fixtures
+# (a run, a sweep) are made once.
+TEST_WORKERS ?= 2
+
 test: $(VENV)/.installed
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 	$(OUTSIDE) $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci \
 		$(CURDIR)/examples/downstream
 

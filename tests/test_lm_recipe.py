@@ -34,6 +34,7 @@ from pd.train.step import (
     PassInputs,
     Recipe,
     adversarial_recon,
+    ci_program,
     flat_metrics,
     make_train_step,
 )
@@ -164,10 +165,11 @@ def test_s13_s14_warmup_ascents_then_the_final_ascent_on_pre_update_parameters(
     # gradient's size, which could not tell pre-update from post-update parameters apart.
     state, _ = step(_copy(state), frozen, x, run_key)
     comps = state.components
-    taps, clean = recipe.target.taps(frozen, x)
-    ci = recipe.ci_fn.ci(state.ci_params, taps, comps.V)
+    taps, clean = jax.jit(recipe.target.taps)(frozen, x)
+    ci = ci_program(recipe)(state.ci_params, comps, frozen, x)[0]
     lr = schedule_value(adv.lr, recipe.train.steps, 1)
 
+    @jax.jit  # one compile for both calls; op by op, the reference took most of the test's time
     def ascents(
         comps: Components, ci_lower: tuple[Float[Array, "..."], ...]
     ) -> tuple[Sources, SourceAdam]:
@@ -184,7 +186,7 @@ def test_s13_s14_warmup_ascents_then_the_final_ascent_on_pre_update_parameters(
     for a, b in zip(new.sources, expected, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     # With the post-update components the sources would differ: the test can tell them apart.
-    post = recipe.ci(new.ci_params, new.components, frozen, x)[0]
+    post = ci_program(recipe)(new.ci_params, new.components, frozen, x)[0]
     other, _ = ascents(new.components, post.lower)
     assert any(not np.allclose(a, b, atol=1e-6) for a, b in zip(new.sources, other, strict=True))
 
