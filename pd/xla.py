@@ -13,6 +13,7 @@ from functools import lru_cache, wraps
 from typing import ParamSpec, TypeVar, cast
 
 import jax
+from jax.tree_util import PyTreeDef
 
 from pd.ci import CIFunction, PerSiteCI
 
@@ -30,19 +31,25 @@ def compiler_options(ci_fn: CIFunction) -> dict[str, str]:
 
 
 def one_per_value(factory: Callable[P, R]) -> Callable[P, R]:
-    """`factory`, returning the jitted program it made before for equal arguments (recipes and
-    targets compare by value), so that a run's monitors and final evaluation, the members of a
-    sweep, and runs of one recipe in a process (a resumed run, seeds in a loop) share one
-    compile. Arguments that cannot be hashed (a caller's own target may
-    not be) get a new program each time."""
-    cached = lru_cache(maxsize=8)(factory)
+    """`factory`, returning the jitted program it made before for equal arguments, so that a
+    run's monitors and final evaluation, the members of a sweep, and runs of one recipe in a
+    process (a resumed run, seeds in a loop) share one compile. Arguments are compared by their
+    pytree leaves: recipes and targets by value, a state's placement leaf by leaf (its parameter
+    dicts cannot be hashed). Leaves that cannot be hashed (arrays, a caller's own target) get a
+    new program each time."""
+
+    @lru_cache(maxsize=8)
+    def made(tree: PyTreeDef, leaves: tuple[Hashable, ...]) -> R:
+        args, kwargs = jax.tree.unflatten(tree, leaves)
+        return factory(*args, **kwargs)
 
     @wraps(factory)
     def get(*args: P.args, **kwargs: P.kwargs) -> R:
+        leaves, tree = jax.tree.flatten((args, kwargs))
         try:
-            hash((args, tuple(kwargs.items())))
+            hash(tuple(leaves))
         except TypeError:
             return factory(*args, **kwargs)
-        return cast(Callable[..., R], cached)(*cast(tuple[Hashable, ...], args), **kwargs)
+        return made(tree, tuple(cast(list[Hashable], leaves)))
 
     return get

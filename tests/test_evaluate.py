@@ -51,7 +51,9 @@ def test_mmcs_ml2r_ignores_dead_remnants() -> None:
 def test_equal_recipes_share_one_evaluation_program() -> None:
     """A run's monitors and final evaluation, and a sweep's members, compile `eval_step` once:
     equal recipes (built twice from one config) get the same jitted program; a different
-    recipe its own; arguments that cannot be hashed a new one each time."""
+    recipe its own; arguments compare by their pytree leaves (a state's placement, whose
+    parameter dicts cannot be hashed), and leaves that cannot be hashed get a new one each
+    time."""
     recipe = make_recipe(load_config("tms_5-2", []))
     assert make_eval_step(recipe) is make_eval_step(make_recipe(load_config("tms_5-2", [])))
     assert ci_program(recipe) is ci_program(make_recipe(load_config("tms_5-2", [])))
@@ -65,5 +67,7 @@ def test_equal_recipes_share_one_evaluation_program() -> None:
         return len(made)
 
     make = one_per_value(build)
-    assert make([1]) == 1 and make([1]) == 2  # a list cannot be hashed: built again
-    assert make((1,)) == 3 and make((1,)) == 3
+    one = np.ones(1)
+    assert make(one) == 1 and make(one) == 2  # an array cannot be hashed: built again
+    assert make({"a": [1]}) == 3 and make({"a": [1]}) == 3  # compared leaf by leaf
+    assert make({"a": [2]}) == 4 and make({"b": [1]}) == 5

@@ -15,8 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Sharding
-from jax.tree_util import PyTreeDef
 from jaxtyping import Array, Float, Int, Key
 
 from pd import loops
@@ -306,20 +304,13 @@ def step_fn(recipe: Recipe) -> StepFn:
     return train_step
 
 
+@one_per_value
 def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> StepFn:
     """One jitted `train_step(state, frozen, batch, run_key)`; frozen params are traced (S18).
 
     With `shardings` (a mesh run) the new state keeps the placement of the old one. Runs of one
-    recipe and placement in a process share the program (`one_per_value`; the placement is
-    compared by its leaves, as the state's parameter dicts cannot be hashed).
+    recipe and placement in a process share the program (`one_per_value`).
     """
-    leaves, tree = jax.tree.flatten(shardings)
-    return _train_step(recipe, tuple(leaves), tree)
-
-
-@one_per_value
-def _train_step(recipe: Recipe, leaves: tuple[Sharding, ...], tree: PyTreeDef) -> StepFn:
-    shardings: TrainState | None = jax.tree.unflatten(tree, leaves)
     out = None if shardings is None else (shardings, None)
     step: StepFn = jax.jit(
         step_fn(recipe),
