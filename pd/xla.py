@@ -8,6 +8,7 @@ default, which was faster for them (`tiny_llama`: 71 against 81–86 ms a step).
 toy step's time goes"; `bench/profile_step.py`.
 """
 
+import inspect
 from collections.abc import Callable, Hashable
 from functools import lru_cache, wraps
 from typing import ParamSpec, TypeVar, cast
@@ -33,19 +34,24 @@ def compiler_options(ci_fn: CIFunction) -> dict[str, str]:
 def one_per_value(factory: Callable[P, R]) -> Callable[P, R]:
     """`factory`, returning the jitted program it made before for equal arguments, so that a
     run's monitors and final evaluation, the members of a sweep, and runs of one recipe in a
-    process (a resumed run, seeds in a loop) share one compile. Arguments are compared by their
+    process (a resumed run, seeds in a loop) share one compile. Arguments are bound to the
+    factory's parameters, defaults filled in (`f(r)` is `f(r, None)`), and compared by their
     pytree leaves: recipes and targets by value, a state's placement leaf by leaf (its parameter
     dicts cannot be hashed). Leaves that cannot be hashed (arrays, a caller's own target) get a
     new program each time."""
+    signature = inspect.signature(factory)
+    call = cast(Callable[..., R], factory)
 
     @lru_cache(maxsize=8)
     def made(tree: PyTreeDef, leaves: tuple[Hashable, ...]) -> R:
         args, kwargs = jax.tree.unflatten(tree, leaves)
-        return factory(*args, **kwargs)
+        return call(*args, **kwargs)
 
     @wraps(factory)
     def get(*args: P.args, **kwargs: P.kwargs) -> R:
-        leaves, tree = jax.tree.flatten((args, kwargs))
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        leaves, tree = jax.tree.flatten((bound.args, bound.kwargs))
         try:
             hash(tuple(leaves))
         except TypeError:

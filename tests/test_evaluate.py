@@ -53,7 +53,7 @@ def test_equal_recipes_share_one_evaluation_program() -> None:
     equal recipes (built twice from one config) get the same jitted program; a different
     recipe its own; arguments compare by their pytree leaves (a state's placement, whose
     parameter dicts cannot be hashed), and leaves that cannot be hashed get a new one each
-    time."""
+    time; a default argument given or left out is one call."""
     recipe = make_recipe(load_config("tms_5-2", []))
     assert make_eval_step(recipe) is make_eval_step(make_recipe(load_config("tms_5-2", [])))
     assert ci_program(recipe) is ci_program(make_recipe(load_config("tms_5-2", [])))
@@ -62,7 +62,7 @@ def test_equal_recipes_share_one_evaluation_program() -> None:
     )
     made: list[object] = []
 
-    def build(x: object) -> int:
+    def build(x: object, y: int | None = None) -> int:
         made.append(x)
         return len(made)
 
@@ -71,3 +71,5 @@ def test_equal_recipes_share_one_evaluation_program() -> None:
     assert make(one) == 1 and make(one) == 2  # an array cannot be hashed: built again
     assert make({"a": [1]}) == 3 and make({"a": [1]}) == 3  # compared leaf by leaf
     assert make({"a": [2]}) == 4 and make({"b": [1]}) == 5
+    # Bound to the parameters, defaults filled in: one call however it is spelled.
+    assert make(2) == 6 and make(2, None) == 6 and make(x=2, y=None) == 6 and make(2, 3) == 7

@@ -1,11 +1,15 @@
 """The language-model recipe: KL direction (S25), chunks(k) plans (S10), the adversarial term with
-fixed sources (S12), warmup and final ascents (S13, S14), traced frozen weights (S18) and
-device-count invariance (D4)."""
+fixed sources (S12), warmup and final ascents (S13, S14), traced frozen weights (S18),
+device-count invariance (D4), and a run from a token file on 4 devices resumed on 1.
+
+The tests that compile a training step share one config (`lm_runs`), since runs of one recipe
+in a process share their compiled programs and a language-model step is the suite's costliest
+compile."""
 
 import json
 import math
 import re
-from pathlib import Path
+from dataclasses import dataclass
 
 import haiku as hk
 import jax
@@ -13,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jaxtyping import Array, Float
+from test_resume import metric_rows, sigterm_at
 
 import pd
 from pd.adversary import SourceAdam, Sources, ascend
@@ -24,7 +29,7 @@ from pd.shard import ShardingError, make_mesh
 from pd.state import Components, TrainState
 from pd.targets.base import as_toy
 from pd.targets.llama import Llama
-from pd.train import load_config, run
+from pd.train import RunResult, load_config, run
 from pd.train.compile_only import compile_only
 from pd.train.config import RunConfig
 from pd.train.init_state import init_train_state, state_shardings
@@ -62,6 +67,44 @@ def _lm(overrides: list[str] | None = None) -> tuple[RunConfig, Recipe, hk.Param
     recipe = make_recipe(config)
     assert isinstance(recipe.target, Llama)
     return config, recipe, recipe.target.init(jax.random.key(7))
+
+
+@dataclass(frozen=True)
+class LMRuns:
+    """The overrides (after `TINY_LM`) of one token-file config, its run on 4 devices, and the
+    same run stopped by SIGTERM at step 3 and resumed on 1 device."""
+
+    overrides: list[str]
+    whole: RunResult
+    resumed: RunResult
+
+
+@pytest.fixture(scope="module")
+def lm_runs(tmp_path_factory: pytest.TempPathFactory) -> LMRuns:
+    folder = tmp_path_factory.mktemp("lm")
+    tokens = np.random.default_rng(0).integers(0, 16, size=4000).astype(np.uint16)
+    np.save(folder / "tokens.npy", tokens)
+    overrides = [
+        f'target.tokens="{folder / "tokens.npy"}"',
+        "target.train_steps=20",
+        "train.steps=6",
+        "train.log_every=1",
+        "train.faith_warmup_steps=2",
+        "train.checkpoint_every=2",
+        "eval.n_samples=16",
+        "eval.batch=8",
+        # S14's final ascent drops the coefficient, which 0.5 shows; batch-scoped sources are
+        # the ones a mesh splits over its data axis (D4).
+        "loss.adversary.coeff=0.5",
+        "loss.adversary.n_warmup=2",
+        "loss.adversary.scope=bsc",
+    ]
+    four = _lm([*overrides, "mesh.data=4"])[0]
+    whole = run(four, folder / "whole")
+    with sigterm_at(3):
+        run(four, folder / "moved")
+    resumed = run(_lm(overrides)[0], folder / "moved", resume=True)  # onto a single device
+    return LMRuns(overrides, whole, resumed)
 
 
 def test_s25_kl_is_clean_to_masked_and_hand_computed() -> None:
@@ -154,11 +197,12 @@ def _copy(state: TrainState) -> TrainState:
 
 @pytest.mark.parametrize("n_warmup", [0, 2])
 def test_s13_s14_warmup_ascents_then_the_final_ascent_on_pre_update_parameters(
-    n_warmup: int,
+    lm_runs: LMRuns, n_warmup: int
 ) -> None:
     _, recipe, frozen, state, x, run_key = _state_and_batch(
-        ["loss.adversary.coeff=0.5", f"loss.adversary.n_warmup={n_warmup}"]
+        [*lm_runs.overrides, f"loss.adversary.n_warmup={n_warmup}"]
     )
+    assert recipe.loss.adversary.coeff == 0.5
     adv = recipe.loss.adversary
     step = make_train_step(recipe)
     # One step first, so that Adam's moments hold history: a first Adam step is ±lr whatever the
@@ -173,12 +217,18 @@ def test_s13_s14_warmup_ascents_then_the_final_ascent_on_pre_update_parameters(
     def ascents(
         comps: Components, ci_lower: tuple[Float[Array, "..."], ...]
     ) -> tuple[Sources, SourceAdam]:
-        sources, opt = state.sources, state.source_opt
         inp = PassInputs(frozen, x, comps, ci_lower, clean, taps)
-        for _ in range(n_warmup + 1):  # the warmups and the final ascent, one Adam state
+
+        def ascent(_: int, carry: tuple[Sources, SourceAdam]) -> tuple[Sources, SourceAdam]:
+            sources, opt = carry
             g = jax.grad(lambda s: adversarial_recon(recipe, inp, s))(sources)
-            sources, opt = ascend(sources, opt, g, lr, adv.beta1, adv.beta2, adv.eps)
-        return sources, opt
+            return ascend(sources, opt, g, lr, adv.beta1, adv.beta2, adv.eps)
+
+        # The warmups and the final ascent, one Adam state (a loop: one body to compile).
+        out: tuple[Sources, SourceAdam] = jax.lax.fori_loop(
+            0, n_warmup + 1, ascent, (state.sources, state.source_opt)
+        )
+        return out
 
     expected, _ = ascents(comps, ci.lower)
     new, _ = step(_copy(state), frozen, x, run_key)
@@ -191,9 +241,9 @@ def test_s13_s14_warmup_ascents_then_the_final_ascent_on_pre_update_parameters(
     assert any(not np.allclose(a, b, atol=1e-6) for a, b in zip(new.sources, other, strict=True))
 
 
-def test_s18_compiled_step_holds_no_large_constant() -> None:
+def test_s18_compiled_step_holds_no_large_constant(lm_runs: LMRuns) -> None:
     """The frozen weights are an argument: no array of a weight's size is baked into the HLO."""
-    _, recipe, frozen, state, x, run_key = _state_and_batch([])
+    _, recipe, frozen, state, x, run_key = _state_and_batch(lm_runs.overrides)
     step = make_train_step(recipe)
     text = step.lower(state, frozen, x, run_key).as_text()  # type: ignore[attr-defined]  # jit's lower
     sizes = []
@@ -227,10 +277,10 @@ def _trajectory(config: RunConfig, recipe: Recipe, frozen: hk.Params) -> list[di
     return out
 
 
-def test_d4_three_steps_on_1_and_4_devices_agree() -> None:
-    overrides = ["loss.adversary.scope=bsc", "loss.adversary.n_warmup=1"]
-    config1, recipe, frozen = _lm(overrides)
-    config4, _, _ = _lm([*overrides, "mesh.data=4"])
+def test_d4_three_steps_on_1_and_4_devices_agree(lm_runs: LMRuns) -> None:
+    config1, recipe, frozen = _lm(lm_runs.overrides)
+    config4, _, _ = _lm([*lm_runs.overrides, "mesh.data=4"])
+    assert config1.loss.adversary.scope == "bsc"
     one = _trajectory(config1, recipe, frozen)
     four = _trajectory(config4, make_recipe(config4), frozen)
     for a, b in zip(one, four, strict=True):
@@ -240,9 +290,9 @@ def test_d4_three_steps_on_1_and_4_devices_agree() -> None:
             assert abs(x - y) <= 1e-4 * abs(x) + 1e-7, (k, x, y)
 
 
-def test_ci_of_the_chunkwise_function_is_squashed_per_group() -> None:
-    _, recipe, frozen, state, x, _ = _state_and_batch([])
-    ci, clean = recipe.ci(state.ci_params, state.components, frozen, x)
+def test_ci_of_the_chunkwise_function_is_squashed_per_group(lm_runs: LMRuns) -> None:
+    _, recipe, frozen, state, x, _ = _state_and_batch(lm_runs.overrides)
+    ci, clean = ci_program(recipe)(state.ci_params, state.components, frozen, x)
     assert clean.shape == (8, 8, 16)
     assert [c.shape for c in ci.lower] == [(len(g.names), 8, 8, g.C) for g in recipe.table.groups]
     again = squash(ci.logits)
@@ -253,42 +303,48 @@ def test_ci_of_the_chunkwise_function_is_squashed_per_group() -> None:
     assert float(jnp.abs(delta).max()) == 0.0
 
 
-def test_a_language_model_run_from_a_token_file(tmp_path: Path) -> None:
+def test_a_language_model_run_from_a_token_file(lm_runs: LMRuns) -> None:
     """End to end on a tiny budget: the token-file path, LM evaluation, the run folder."""
-    tokens = np.random.default_rng(0).integers(0, 16, size=4000).astype(np.uint16)
-    np.save(tmp_path / "tokens.npy", tokens)
-    config = load_config(
-        "tiny_llama",
-        [
-            *TINY_LM,
-            f'target.tokens="{tmp_path / "tokens.npy"}"',
-            "target.train_steps=20",
-            "train.steps=4",
-            "train.log_every=2",
-            "train.faith_warmup_steps=3",
-            "eval.n_samples=16",
-            "eval.batch=8",
-        ],
-    )
-    result = run(config, tmp_path / "run")
-    summary = json.loads((result.run_dir / "summary.json").read_text())
-    for kind in ("ci_masked", "unmasked", "stochastic", "zero_masked", "adversarial"):
-        assert math.isfinite(summary[f"kl/{kind}"]) and summary[f"kl/{kind}"] >= 0.0, kind
-        assert math.isfinite(summary[f"ce/{kind}"]), kind
-    assert summary["kl_ratio/ci_masked_vs_zero"] == pytest.approx(
-        summary["kl/ci_masked"] / summary["kl/zero_masked"]
-    )
-    assert {f"ci_l0/{n}" for n in result.recipe.table.names} <= summary.keys()
-    assert (result.run_dir / "ci_sequence.png").read_bytes()[:4] == b"\x89PNG"
-    compiled = json.loads((result.run_dir / "compile.json").read_text())
+    for result in (lm_runs.whole, lm_runs.resumed):
+        summary = json.loads((result.run_dir / "summary.json").read_text())
+        for kind in ("ci_masked", "unmasked", "stochastic", "zero_masked", "adversarial"):
+            assert math.isfinite(summary[f"kl/{kind}"]) and summary[f"kl/{kind}"] >= 0.0, kind
+            assert math.isfinite(summary[f"ce/{kind}"]), kind
+        assert summary["kl_ratio/ci_masked_vs_zero"] == pytest.approx(
+            summary["kl/ci_masked"] / summary["kl/zero_masked"]
+        )
+        assert {f"ci_l0/{n}" for n in result.recipe.table.names} <= summary.keys()
+        assert (result.run_dir / "ci_sequence.png").read_bytes()[:4] == b"\x89PNG"
+    # The first run in this process compiled every program; the resumed one its own placement's.
+    compiled = json.loads((lm_runs.whole.run_dir / "compile.json").read_text())
     assert {"init_train_state", "train_step", "eval_step"} <= compiled.keys()
-    loaded = pd.load(result.run_dir)  # config.json round-trips, kind_C zeros included
+    assert {"train_step", "eval_step"} <= json.loads(
+        (lm_runs.resumed.run_dir / "compile.json").read_text()
+    ).keys()
+    loaded = pd.load(lm_runs.resumed.run_dir)  # config.json round-trips, kind_C zeros included
     ci = loaded.ci(jnp.zeros((2, 8), jnp.int32))
     assert ci["layers.1.mlp.down"].shape == (2, 8, 4)
     np.testing.assert_allclose(
         np.asarray(loaded.V["layers.0.attn.q"]),
-        np.asarray(result.recipe.table.view(result.state.components.V, "layers.0.attn.q")),
+        np.asarray(
+            lm_runs.resumed.recipe.table.view(lm_runs.resumed.state.components.V, "layers.0.attn.q")
+        ),
     )
+
+
+def test_a_language_model_run_on_4_devices_resumes_on_1(lm_runs: LMRuns) -> None:
+    """The run stopped at step 3 on 4 devices and resumed on 1 ends where the whole run on 4
+    ends, every logged step equal."""
+    whole, resumed = lm_runs.whole, lm_runs.resumed
+    assert len(whole.state.components.V[0].sharding.device_set) == 4
+    assert len(resumed.state.components.V[0].sharding.device_set) == 1
+    for x, y in zip(jax.tree.leaves(whole.state), jax.tree.leaves(resumed.state), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+    rows = [metric_rows(whole), metric_rows(resumed)]
+    assert [r["step"] for r in rows[1]] == list(range(6))
+    for a, b in zip(*rows, strict=True):
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
 
 
 def test_compile_only_lowers_init_and_step_on_abstract_inputs() -> None:

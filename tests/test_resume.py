@@ -1,6 +1,6 @@
 """Checkpoints and exact resume: a run stopped by SIGTERM at any step and resumed ends where an
-uninterrupted run ends (S18: batches and keys are functions of the seed and the step), also
-when the resumed run has another device count."""
+uninterrupted run ends (S18: batches and keys are functions of the seed and the step). A
+language model's run resumed on another device count: tests/test_lm_recipe.py."""
 
 import json
 import os
@@ -100,7 +100,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
     return run(load_config("tms_5-2", TMS), tmp_path_factory.mktemp("runs") / "whole")
 
 
-def _rows(run: RunResult) -> list[dict[str, float]]:
+def metric_rows(run: RunResult) -> list[dict[str, float]]:
     """The metrics rows without their wall-clock keys (time/…), which no two runs share."""
     lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
@@ -110,7 +110,7 @@ def _rows(run: RunResult) -> list[dict[str, float]]:
 def _assert_same_run(a: RunResult, b: RunResult) -> None:
     for x, y in zip(jax.tree.leaves(a.state), jax.tree.leaves(b.state), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    assert _rows(a) == _rows(b)
+    assert metric_rows(a) == metric_rows(b)
     name = "decomposition.npz"
     assert (a.run_dir / name).read_bytes() == (b.run_dir / name).read_bytes()
 
@@ -144,45 +144,3 @@ def test_resume_refuses_another_config_and_a_missing_checkpoint(
     with pytest.raises(ConfigError, match=r"interrupted run .* expected --resume to continue it"):
         run(uninterrupted.config, tmp_path / "r")
     assert checkpoint_steps(partial_dir(tmp_path / "r")) == [25, 31]  # nothing was lost
-
-
-def test_a_language_model_run_on_4_devices_resumes_on_1(tmp_path: Path) -> None:
-    tokens = np.random.default_rng(0).integers(0, 16, size=4000).astype(np.uint16)
-    np.save(tmp_path / "tokens.npy", tokens)
-    lm = [
-        "C=4",
-        "target.vocab=16",
-        "target.d_model=16",
-        "target.n_heads=2",
-        "target.n_kv_heads=1",
-        "target.d_mlp=32",
-        "target.seq_len=8",
-        f'target.tokens="{tmp_path / "tokens.npy"}"',
-        "target.train_steps=20",
-        "chunkwise.d_model=8",
-        "chunkwise.n_heads=2",
-        "chunkwise.mlp_hidden=16",
-        "train.batch=8",
-        "train.steps=6",
-        "train.log_every=1",
-        "train.faith_warmup_steps=2",
-        "train.checkpoint_every=2",
-        "eval.n_samples=16",
-        "eval.batch=8",
-        "eval.figures=false",
-    ]
-    four = load_config("tiny_llama", [*lm, "mesh.data=4"])
-    whole = run(four, tmp_path / "whole")
-    assert len(whole.state.components.V[0].sharding.device_set) == 4
-    with sigterm_at(3):
-        run(four, tmp_path / "moved")
-    one = load_config("tiny_llama", lm)
-    resumed = run(one, tmp_path / "moved", resume=True)  # restored onto a single device
-    assert len(resumed.state.components.V[0].sharding.device_set) == 1
-    for x, y in zip(jax.tree.leaves(whole.state), jax.tree.leaves(resumed.state), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
-    rows = [_rows(whole), _rows(resumed)]
-    assert [r["step"] for r in rows[1]] == list(range(6))
-    for a, b in zip(*rows, strict=True):
-        for key in a:
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
