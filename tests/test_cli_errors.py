@@ -375,14 +375,20 @@ def test_bad_gguf_files_and_packages_of_the_smollm2_preset_stop_before_any_compi
         assert not (tmp_path / "run").exists()
 
 
+@pytest.fixture(scope="module")
+def xla_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("xla-cache")
+
+
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_during_training_saves_a_checkpoint_and_resume_finishes_the_run(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, sig: signal.Signals, status: int
+    tmp_path: Path, xla_cache: Path, sig: signal.Signals, status: int
 ) -> None:
     """SIGTERM (a scheduler) or SIGINT (Ctrl-C) in the middle of training: a checkpoint of the
     last finished step, one sentence saying how to resume, exit status 143 / 130, the earlier
-    run left as it was; `--resume` then finishes the run and replaces it. The two processes
-    share a persistent compilation cache (`compile.cache_dir`), as a resumed job would."""
+    run left as it was; `--resume` then finishes the run and replaces it. The processes share
+    a persistent compilation cache (`compile.cache_dir`), as a resumed job would (both signals'
+    runs: the second reads the step programs the first wrote)."""
     old = tmp_path / "run"
     old.mkdir()
     (old / MARKER).write_text("")
@@ -390,7 +396,6 @@ def test_a_signal_during_training_saves_a_checkpoint_and_resume_finishes_the_run
     tiny = ["train.steps=400", "train.batch=64", "train.log_every=5", "eval.figures=false"]
     tiny += ["train.faith_warmup_steps=0", "target.train_steps=1500", "target.train_batch=1024"]
     tiny += ["eval.n_samples=1000", "eval.batch=1000"]
-    xla_cache = tmp_path_factory.mktemp("xla-cache")
     tiny += [f'compile.cache_dir="{xla_cache}"']
     sets = [a for t in tiny for a in ("--set", t)]
     argv = [sys.executable, "-m", "pd.train", "tms_5-2", *sets, "--out", str(old), "--overwrite"]
