@@ -183,9 +183,17 @@ def test_s12_adversarial_term_with_fixed_sources_is_hand_computed() -> None:
 
 
 def _state_and_batch(
-    overrides: list[str],
+    overrides: list[str], preset: str = "tiny_llama"
 ) -> tuple[RunConfig, Recipe, hk.Params, TrainState, Array, jax.Array]:
-    config, recipe, frozen = _lm(overrides)
+    """`preset` with `overrides` (after `TINY_LM` for tiny_llama), randomly initialized frozen
+    weights, its initial state and its first batch."""
+    if preset == "tiny_llama":
+        config, recipe, frozen = _lm(overrides)
+    else:
+        config = load_config(preset, overrides)
+        recipe = make_recipe(config)
+        toy = as_toy(recipe.target)
+        frozen = toy.expand(toy.init_train(jax.random.key(7)))
     init_key, src_key, run_key = key_tree(config.seed)
     state = init_train_state(recipe, init_key, src_key)
     x = make_batches(config, recipe, run_key, None)(0)
@@ -201,10 +209,16 @@ def _copy(state: TrainState) -> TrainState:
 def test_s13_s14_warmup_ascents_then_the_final_ascent_on_pre_update_parameters(
     lm_runs: LMRuns, n_warmup: int
 ) -> None:
-    _, recipe, frozen, state, x, run_key = _state_and_batch(
-        [*lm_runs.overrides, f"loss.adversary.n_warmup={n_warmup}"]
-    )
-    assert recipe.loss.adversary.coeff == 0.5
+    """Two warmups on the language model (its step is the other tests'), none on TMS 5-2 (a
+    language model's step of its own would take a minute to compile)."""
+    if n_warmup:
+        _, recipe, frozen, state, x, run_key = _state_and_batch(lm_runs.overrides)
+    else:
+        # A large learning rate: TMS's components must move enough in one step that the last
+        # assertion (post-update components give other sources) can tell them apart.
+        tms = ["loss.adversary.coeff=0.5", "loss.adversary.n_warmup=0", "train.lr.start=0.1"]
+        _, recipe, frozen, state, x, run_key = _state_and_batch(tms, "tms_5-2")
+    assert (recipe.loss.adversary.coeff, recipe.loss.adversary.n_warmup) == (0.5, n_warmup)
     adv = recipe.loss.adversary
     step = make_train_step(recipe)
     # One step first, so that Adam's moments hold history: a first Adam step is ±lr whatever the
