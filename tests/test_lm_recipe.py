@@ -350,7 +350,7 @@ def test_a_language_model_run_from_a_token_file(lm_runs: LMRuns) -> None:
 
 def test_a_language_model_run_on_1_device_resumes_on_4(lm_runs: LMRuns) -> None:
     """The run stopped at step 3 on 1 device and resumed on 4 ends where the whole run on 1
-    ends, every logged step equal."""
+    ends, its state and every logged step equal to 1e-5."""
     whole, resumed = lm_runs.whole, lm_runs.resumed
     assert len(whole.state.components.V[0].sharding.device_set) == 1
     assert len(resumed.state.components.V[0].sharding.device_set) == 4
