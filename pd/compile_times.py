@@ -16,7 +16,9 @@ STAGES = {
 
 
 class CompileTimes:
-    """Seconds per jitted function name (e.g. `train_step`) and stage, summed over recompiles."""
+    """Seconds per jitted function name (e.g. `train_step`) and stage, summed over recompiles,
+    and how many backend compiles (`compiles`: more than one is a program per shape or
+    placement, or a recompile)."""
 
     def __init__(self) -> None:
         self.by_name: dict[str, dict[str, float]] = {}
@@ -24,13 +26,16 @@ class CompileTimes:
     def add(self, name: str, stage: str, seconds: float) -> None:
         # jax names the trace event `f` and the compile events `jit(f)`: one row per function.
         name = name.removeprefix("jit(").removesuffix(")")
-        row = self.by_name.setdefault(name, {"trace_s": 0.0, "lower_s": 0.0, "compile_s": 0.0})
+        row = self.by_name.setdefault(
+            name, {"trace_s": 0.0, "lower_s": 0.0, "compile_s": 0.0, "compiles": 0}
+        )
         row[stage] += seconds
+        row["compiles"] += stage == "compile_s"
 
     def table(self, min_total_s: float = 0.05) -> str:
         """A console table, slowest first; functions under `min_total_s` are only counted."""
-        rows = sorted(self.by_name.items(), key=lambda kv: -sum(kv[1].values()))
-        shown = [(n, r) for n, r in rows if sum(r.values()) >= min_total_s]
+        rows = sorted(self.by_name.items(), key=lambda kv: -_seconds(kv[1]))
+        shown = [(n, r) for n, r in rows if _seconds(r) >= min_total_s]
         width = max([len(n) for n, _ in shown] + [8])
         lines = [f"{'jit':<{width}}  {'trace s':>8} {'lower s':>8} {'compile s':>9}"]
         for name, r in shown:
@@ -43,6 +48,10 @@ class CompileTimes:
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.by_name, indent=2, sort_keys=True, allow_nan=False))
+
+
+def _seconds(row: dict[str, float]) -> float:
+    return sum(row[stage] for stage in STAGES.values())
 
 
 _active: list[CompileTimes] = []

@@ -26,6 +26,7 @@ from pd.targets.configs import FactoryConfig
 from pd.targets.hf import CheckpointError
 from pd.targets.train import TrainedTarget
 from pd.train import checkpoint
+from pd.train.ahead import compiling_ahead
 from pd.train.config import ConfigError, RunConfig
 from pd.train.decomposition import Decomposition
 from pd.train.evaluate import EVAL_FOLD, make_eval_step
@@ -213,17 +214,22 @@ def run(
             checkpoints = Checkpoints(tmp_dir / CHECKPOINTS, config.train.keep_checkpoints)
             try:
                 latest = checkpoints.latest() if resume else None
-                if latest is None:
-                    state = _initial_state(recipe, init_key, src_key, frozen, mesh)
-                else:
-                    state = checkpoints.restore(latest, abstract_state(recipe, mesh))
-                    log.info("resumed from the checkpoint of step %d", latest)
-                # A failed allocation (out of memory) raises here; jax 0.10.2 on a CPU would
-                # wait forever reading a value (`int(state.step)`) of a computation that failed.
-                for leaf in jax.tree.leaves(state):
-                    leaf.block_until_ready()
                 batches = make_batches(config, recipe, run_key, mesh, kind=kind)
                 eval_batches = make_batches(config, recipe, run_key, mesh, True, kind)
+                sampled = kind.sampled and mesh is None
+                with compiling_ahead(
+                    recipe, frozen, run_key, batches, mesh, shardings, sampled, latest is not None
+                ):
+                    if latest is None:
+                        state = _initial_state(recipe, init_key, src_key, frozen, mesh)
+                    else:
+                        state = checkpoints.restore(latest, abstract_state(recipe, mesh))
+                        log.info("resumed from the checkpoint of step %d", latest)
+                    # A failed allocation (out of memory) raises here; jax 0.10.2 on a CPU
+                    # would wait forever reading a value (`int(state.step)`) of a computation
+                    # that failed.
+                    for leaf in jax.tree.leaves(state):
+                        leaf.block_until_ready()
 
                 def evaluation(state: TrainState, folder: Path) -> dict[str, float]:
                     summary = kind.evaluate(
@@ -259,7 +265,7 @@ def run(
                         sinks,
                         evaluation,
                         tmp_dir,
-                        sampled=kind.sampled and mesh is None,
+                        sampled,
                     )
             finally:
                 checkpoints.close()
