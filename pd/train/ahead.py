@@ -54,18 +54,21 @@ def compiling_ahead(
         state = jax.tree.map(lambda a: _struct(a.shape, a.dtype), state)
     eval_step = make_eval_step(recipe)
 
-    def monitors() -> None:
-        _compile(eval_step, state, frozen, batches(0), batch_key(run_key, 0))
-
-    def steps() -> None:
-        if sampled:
-            n = _struct((), jnp.int32)
-            _compile(make_train_steps(recipe, recipe.train.batch), state, frozen, run_key, n)
-        else:
-            _compile(make_train_step(recipe, shardings), state, frozen, batches(0), run_key)
-
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="pd-compile") as pool:
-        futures = [pool.submit(steps), pool.submit(monitors)]
+        # One call of `batches` (a caller's own may not be safe to call from two threads).
+        batch = pool.submit(batches, 0)
+
+        def monitors() -> None:
+            _compile(eval_step, state, frozen, batch.result(), batch_key(run_key, 0))
+
+        def steps() -> None:
+            if sampled:
+                n = _struct((), jnp.int32)
+                _compile(make_train_steps(recipe, recipe.train.batch), state, frozen, run_key, n)
+            else:
+                _compile(make_train_step(recipe, shardings), state, frozen, batch.result(), run_key)
+
+        futures = [pool.submit(steps), pool.submit(monitors)]  # each raises what `batch` raised
         yield
     for future in futures:
         if (err := future.exception()) is not None:
