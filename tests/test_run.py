@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -222,14 +223,17 @@ def test_i1_batched_vu_init_equals_the_unrolled_reference() -> None:
 def test_ci_probes_label_columns_with_real_subcomponent_indices(
     tiny_run: RunResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import matplotlib.pyplot as plt
     from matplotlib.figure import Figure
 
     from pd.train import figures
     from pd.train.evaluate import ALIVE_THRESHOLD, probe_ci
 
     drawn: list[Figure] = []
-    monkeypatch.setattr(plt, "close", drawn.append)  # keep the figure to read it
+
+    def keep(fig: Figure, *args: object, **kwargs: object) -> None:  # to read the figure
+        drawn.append(fig)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
     d = tiny_run.decomposition
     assert d.known is not None
     figures._ci_probes(d.recipe, tiny_run.state, d.frozen, d.known, tmp_path / "p.png")
@@ -238,6 +242,16 @@ def test_ci_probes_label_columns_with_real_subcomponent_indices(
         used = {str(c) for c in np.flatnonzero(ci.max(axis=0) > ALIVE_THRESHOLD)}
         labels = {t.get_text() for t in ax.get_xticklabels()}
         assert labels == used, site
+
+
+def test_drawing_figures_leaves_the_callers_matplotlib_backend_alone(tmp_path: Path) -> None:
+    # A notebook's backend: pd draws on Figures of its own, never through pyplot.
+    code = (
+        "import matplotlib; matplotlib.use('svg'); import pd.train.figures; "
+        "print(matplotlib.get_backend())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "svg", out
 
 
 def test_a_run_writes_tensorboard_events_tensorboard_reads(tiny_run: RunResult) -> None:

@@ -1,16 +1,17 @@
-"""PNG figures of a run: CI on the one-hot probes, subcomponents, loss curves."""
+"""PNG figures of a run: CI on the one-hot probes, subcomponents, loss curves.
+
+Drawn on matplotlib `Figure`s of their own, not through pyplot: the caller's backend (a
+notebook's) is left as it was, and a run draws them on a thread beside its evaluation.
+"""
 
 import json
 from pathlib import Path
 
 import haiku as hk
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from pd.decompose import site_weights
 from pd.state import Components, TrainState
@@ -27,7 +28,8 @@ def _ci_probes(
     serve, each labelled with its index c in the site's `V[:, c]`."""
     comps = state.components
     probes = probe_ci(recipe, state.ci_params, comps, frozen, known.n_features)
-    fig, axes = plt.subplots(1, len(probes), figsize=(4 * len(probes), 3.5), squeeze=False)
+    fig = Figure(figsize=(4 * len(probes), 3.5))
+    axes = fig.subplots(1, len(probes), squeeze=False)
     for ax, (name, ci) in zip(axes[0], probes.items(), strict=True):
         used = np.flatnonzero(ci.max(axis=0) > ALIVE_THRESHOLD)
         order = used[np.argsort(np.argmax(ci[:, used], axis=0), kind="stable")]
@@ -40,7 +42,6 @@ def _ci_probes(
     fig.suptitle("causal importance on one-hot probes")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _label_subcomponents(ax: Axes, shown: np.ndarray) -> None:
@@ -58,7 +59,8 @@ def _components(
     weights = site_weights(table, recipe.target.weights(frozen))
     arrows = [n for n in known.feature_sites if weights[n].shape[1] == 2]
     n_cols = len(table.names) + len(arrows)
-    fig, axes = plt.subplots(1, n_cols, figsize=(4 * n_cols, 3.5), squeeze=False)
+    fig = Figure(figsize=(4 * n_cols, 3.5))
+    axes = fig.subplots(1, n_cols, squeeze=False)
     for ax, name in zip(axes[0], table.names, strict=False):
         norms = np.linalg.norm(np.asarray(V[name]), axis=0) * np.linalg.norm(
             np.asarray(U[name]), axis=1
@@ -79,13 +81,13 @@ def _components(
         ax.set_title(f"{name}: features (black),\nlargest subcomponent piece (red)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _losses(run_dir: Path, path: Path) -> None:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = sorted(k for k in rows[0] if k.startswith(("loss/", "monitor/")))
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     steps = [r["step"] for r in rows]
     for key in keys:
         ax.plot(steps, [max(r[key], 1e-12) for r in rows], label=key)
@@ -95,7 +97,6 @@ def _losses(run_dir: Path, path: Path) -> None:
     ax.set_title("losses")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _ci_over_rows(
@@ -120,7 +121,8 @@ def _ci_over_rows(
     cols = min(n, 7 if words is None else 4)
     rows = -(-n // cols)
     size = (2.6, 2.6) if words is None else (4.2, 0.5 + 0.16 * len(words))
-    fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows), squeeze=False)
+    fig = Figure(figsize=(size[0] * cols, size[1] * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[n:]:
         ax.axis("off")
     for ax, (name, ci_site) in zip(axes.flat, views.items(), strict=False):
@@ -136,7 +138,6 @@ def _ci_over_rows(
     fig.suptitle(f"causal importance over {'one sequence' if sequence else 'examples'}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write_figures(

@@ -6,6 +6,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,14 +233,17 @@ def run(
                         leaf.block_until_ready()
 
                 def evaluation(state: TrainState, folder: Path) -> dict[str, float]:
-                    summary = kind.evaluate(
-                        recipe, state, frozen, eval_batches, run_key, config.eval
-                    )
-                    if config.eval.figures:
-                        from pd.train.figures import write_figures  # matplotlib when drawing
-
-                        x, known = eval_batches(EVAL_FOLD), kind.known(recipe.target)
-                        write_figures(recipe, state, frozen, x, folder, kind.labels, known)
+                    # The figures (mostly Python) on a thread beside the evaluation (mostly XLA).
+                    with ThreadPoolExecutor(1, thread_name_prefix="pd-figures") as pool:
+                        drawn = None
+                        if config.eval.figures:
+                            x = eval_batches(EVAL_FOLD)
+                            drawn = pool.submit(_draw, recipe, state, frozen, x, folder, kind)
+                        summary = kind.evaluate(
+                            recipe, state, frozen, eval_batches, run_key, config.eval
+                        )
+                    if drawn is not None:
+                        drawn.result()  # raises what drawing raised
                     return summary
 
                 t = config.train
@@ -294,6 +298,15 @@ def write_results(
     summary_json = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)
     (folder / "summary.json").write_text(summary_json)
     return summary
+
+
+def _draw(
+    recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batch, folder: Path, kind: TargetKind
+) -> None:
+    """The run's figures into `folder` (`pd.train.figures`, matplotlib imported here)."""
+    from pd.train.figures import write_figures
+
+    write_figures(recipe, state, frozen, x, folder, kind.labels, kind.known(recipe.target))
 
 
 def _initial_state(
