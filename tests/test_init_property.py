@@ -2,6 +2,8 @@
 (jit against jit, `array_equal`) over random seeds, site sets, storage dtypes and 1 or 4
 simulated devices, and every leaf has the PartitionSpec of its logical axes (SPEC §10, §11)."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,17 +24,23 @@ def _table(shapes: list[tuple[int, int, int]]) -> SiteTable:
     return SiteTable(tuple(SiteSpec(f"s{i}", d, o, c) for i, (d, o, c) in enumerate(shapes)))
 
 
+# The per-site references, jitted once per shape (not once per site and example).
+@partial(jax.jit, static_argnums=(1, 2))
+def _normal(key: jax.Array, fan_in: int, fan_out: int) -> jax.Array:
+    return jax.random.normal(key, (fan_in, fan_out)) / jnp.sqrt(jnp.float32(fan_in))
+
+
+@partial(jax.jit, static_argnums=(1, 2))
+def _uniform(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
+    return jax.random.uniform(key, shape).astype(dtype)
+
+
 def _unrolled_vu(table: SiteTable, key: jax.Array) -> list[tuple[np.ndarray, np.ndarray]]:
     keys = jax.random.split(key, 2 * len(table.sites))
     out = []
     for i, s in enumerate(table.sites):
-        v = jax.jit(
-            lambda k, s=s: jax.random.normal(k, (s.d_in, s.C)) / jnp.sqrt(jnp.float32(s.d_in))
-        )
-        u = jax.jit(
-            lambda k, s=s: jax.random.normal(k, (s.C, s.d_out)) / jnp.sqrt(jnp.float32(s.C))
-        )
-        out.append((np.asarray(v(keys[2 * i])), np.asarray(u(keys[2 * i + 1]))))
+        v, u = _normal(keys[2 * i], s.d_in, s.C), _normal(keys[2 * i + 1], s.C, s.d_out)
+        out.append((np.asarray(v), np.asarray(u)))
     return out
 
 
@@ -79,9 +87,9 @@ def test_i1_sources_sharded_batched_equal_unrolled(
     )
     keys = jax.random.split(jax.random.fold_in(key, 0), len(table.sites))
     for i, site in enumerate(table.sites):
-        draw = jax.jit(lambda k, C=site.C: jax.random.uniform(k, (*scope, C + 1)).astype(dtype))
+        draw = _uniform(keys[i], (*scope, site.C + 1), dtype)
         g, slot = table.c_where(site.name)
-        np.testing.assert_array_equal(np.asarray(sources[g][slot]), np.asarray(draw(keys[i])))
+        np.testing.assert_array_equal(np.asarray(sources[g][slot]), np.asarray(draw))
     expected = ("data",) if per_example else (None,)
     assert all(tuple(s.sharding.spec)[1:2] == expected for s in sources)
 

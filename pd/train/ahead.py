@@ -1,13 +1,13 @@
 """A run's training and monitor programs, compiled on background threads while the main thread
 makes the state (initialization and warmup, or a checkpoint's restore).
 
-The three compiles do not depend on each other and an XLA compile releases the GIL, so where
-the machine has more cores than one compile keeps busy, the cold start shrinks toward the
-longest of them instead of their sum (README, "Speed"). jax keeps the program that
-`fn.trace(args).lower().compile()` made for `fn`'s later calls whose arguments have the same
-shapes, dtypes and placements, so the training loop finds its programs compiled. A compile
-that fails here is left to the loop's own call, which raises it where a run without this
-would.
+Those two and the state's initializer (on the main thread) do not depend on each other, and an
+XLA compile releases the GIL, so where the machine has more cores than one compile keeps busy,
+the cold start shrinks toward the longest of them instead of their sum (README, "Speed"). jax
+keeps the program that `fn.trace(args).lower().compile()` made for `fn`'s later calls whose
+arguments have the same shapes, dtypes and placements, so the training loop finds its
+programs compiled. A compile that fails here is left to the loop's own call, which raises it
+where a run without this would.
 """
 
 import logging
