@@ -244,7 +244,7 @@ def test_ci_probes_label_columns_with_real_subcomponent_indices(
         assert labels == used, site
 
 
-def test_drawing_figures_leaves_the_callers_matplotlib_backend_alone(tmp_path: Path) -> None:
+def test_drawing_figures_leaves_the_callers_matplotlib_backend_alone() -> None:
     # A notebook's backend: pd draws on Figures of its own, never through pyplot.
     code = (
         "import matplotlib; matplotlib.use('svg'); import pd.train.figures; "

@@ -22,10 +22,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.stages import Wrapped
 
-from pd.state import TrainState
 from pd.targets.base import Batch
 from pd.train.evaluate import make_eval_step
-from pd.train.init_state import abstract_state
+from pd.train.init_state import abstract_state, state_shardings
 from pd.train.step import Recipe, batch_key, make_train_step, make_train_steps
 
 log = logging.getLogger(__name__)
@@ -39,12 +38,11 @@ def compiling_ahead(
     run_key: jax.Array,
     batches: Callable[[int], Batch],
     mesh: Mesh | None,
-    shardings: TrainState | None,
     sampled: bool,
     restored: bool,
 ) -> Iterator[None]:
     """Compile the step program `_train` will call (`train_steps` where `sampled`, else
-    `train_step`, with the run's `shardings` on a mesh) and the monitors' `eval_step` in the
+    `train_step`, with the state's shardings on a mesh) and the monitors' `eval_step` in the
     background; the block's exit waits for them. `restored`: the state will come from a
     checkpoint."""
     state = abstract_state(recipe, mesh)
@@ -66,7 +64,8 @@ def compiling_ahead(
                 n = _struct((), jnp.int32)
                 _compile(make_train_steps(recipe, recipe.train.batch), state, frozen, run_key, n)
             else:
-                _compile(make_train_step(recipe, shardings), state, frozen, batch.result(), run_key)
+                shardings = None if mesh is None else state_shardings(recipe, mesh)  # as run's
+            _compile(make_train_step(recipe, shardings), state, frozen, batch.result(), run_key)
 
         futures = [pool.submit(steps), pool.submit(monitors)]  # each raises what `batch` raised
         yield

@@ -219,7 +219,7 @@ def run(
                 eval_batches = make_batches(config, recipe, run_key, mesh, True, kind)
                 sampled = kind.sampled and mesh is None
                 with compiling_ahead(
-                    recipe, frozen, run_key, batches, mesh, shardings, sampled, latest is not None
+                    recipe, frozen, run_key, batches, mesh, sampled, latest is not None
                 ):
                     if latest is None:
                         state = _initial_state(recipe, init_key, src_key, frozen, mesh)
@@ -233,17 +233,19 @@ def run(
                         leaf.block_until_ready()
 
                 def evaluation(state: TrainState, folder: Path) -> dict[str, float]:
-                    # The figures (mostly Python) on a thread beside the evaluation (mostly XLA).
-                    with ThreadPoolExecutor(1, thread_name_prefix="pd-figures") as pool:
-                        drawn = None
-                        if config.eval.figures:
-                            x = eval_batches(EVAL_FOLD)
-                            drawn = pool.submit(_draw, recipe, state, frozen, x, folder, kind)
-                        summary = kind.evaluate(
+                    def evaluate() -> dict[str, float]:
+                        return kind.evaluate(
                             recipe, state, frozen, eval_batches, run_key, config.eval
                         )
-                    if drawn is not None:
-                        drawn.result()  # raises what drawing raised
+
+                    if not config.eval.figures:
+                        return evaluate()
+                    # The figures (mostly Python) on a thread beside the evaluation (mostly XLA).
+                    x = eval_batches(EVAL_FOLD)
+                    with ThreadPoolExecutor(1, thread_name_prefix="pd-figures") as pool:
+                        drawn = pool.submit(_draw, recipe, state, frozen, x, folder, kind)
+                        summary = evaluate()
+                    drawn.result()  # raises what drawing raised
                     return summary
 
                 t = config.train
