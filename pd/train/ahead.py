@@ -65,7 +65,8 @@ def compiling_ahead(
                 _compile(make_train_steps(recipe, recipe.train.batch), state, frozen, run_key, n)
             else:
                 shardings = None if mesh is None else state_shardings(recipe, mesh)  # as run's
-            _compile(make_train_step(recipe, shardings), state, frozen, batch.result(), run_key)
+                step = make_train_step(recipe, shardings)
+                _compile(step, state, frozen, batch.result(), run_key)
 
         futures = [pool.submit(steps), pool.submit(monitors)]  # each raises what `batch` raised
         yield
