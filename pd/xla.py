@@ -6,6 +6,10 @@ gradients, over the batch, and YNNPACK's fused reductions took 3–8× longer th
 loops, so programs with those CI functions keep YNNPACK for dots only. Other programs keep the
 default, which was faster for them (`tiny_llama`: 71 against 81–86 ms a step). README, "Where a
 toy step's time goes"; `bench/profile_step.py`.
+
+The initializer runs once, so on a CPU it is compiled with LLVM's O1 pipeline instead of the
+default O2: its draws' loops made O2 spend half its compile there, and at these sizes it runs as
+fast either way (README, "Speed").
 """
 
 import inspect
@@ -29,6 +33,11 @@ def compiler_options(ci_fn: CIFunction) -> dict[str, str]:
     backend."""
     per_subcomponent = isinstance(ci_fn, PerSiteCI) and ci_fn.kind in ("mlp", "vector_mlp")
     return dict(_CPU) if per_subcomponent and jax.default_backend() == "cpu" else {}
+
+
+def init_options() -> dict[str, str]:
+    """`jax.jit(..., compiler_options=...)` for the initializer `init_train_state`."""
+    return {"xla_backend_optimization_level": "1"} if jax.default_backend() == "cpu" else {}
 
 
 def one_per_value(factory: Callable[P, R]) -> Callable[P, R]:

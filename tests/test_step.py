@@ -220,3 +220,16 @@ def test_runs_of_one_recipe_share_their_programs() -> None:
     assert jitted_init(a, mesh) is jitted_init(b, mesh)
     assert jitted_init(a, mesh) is not jitted_init(a, None)
     assert _faith_warmup(a) is _faith_warmup(b)
+
+
+def test_the_initializers_compile_options_draw_the_same_state() -> None:
+    """On a CPU `init_train_state` is compiled with LLVM's O1 pipeline (`pd.xla.init_options`,
+    half the compile); it makes the state bit for bit as a default compile of the same function."""
+    from pd.train.init_state import initial_state, jitted_init
+
+    recipe = make_recipe(load_config("tms_5-2"))
+    init_key, src_key, _ = key_tree(3)
+    ours = jitted_init(recipe, None)(init_key, src_key)
+    default = jax.jit(lambda a, b: initial_state(recipe, a, b))(init_key, src_key)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(default), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

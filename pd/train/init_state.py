@@ -18,7 +18,7 @@ from pd.shard.state import replicated, train_state_shardings
 from pd.state import TrainState
 from pd.train.optim import ci_optimizer, component_optimizer
 from pd.train.step import Recipe
-from pd.xla import one_per_value
+from pd.xla import init_options, one_per_value
 
 
 def source_scope(recipe: Recipe) -> tuple[int, ...]:
@@ -98,7 +98,7 @@ def jitted_init(recipe: Recipe, mesh: Mesh | None) -> InitFn:
         return initial_state(recipe, init_key, src_key)
 
     out = None if mesh is None else state_shardings(recipe, mesh)
-    fn: InitFn = jax.jit(init_train_state, out_shardings=out)
+    fn: InitFn = jax.jit(init_train_state, out_shardings=out, compiler_options=init_options())
     return fn
 
 

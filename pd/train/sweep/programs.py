@@ -30,7 +30,7 @@ from pd.train.step import (
     steps_fn,
 )
 from pd.train.sweep.spec import Member, SweepSpec
-from pd.xla import compiler_options
+from pd.xla import compiler_options, init_options
 
 _spec: Callable[..., P] = P  # its constructor is unannotated upstream
 MEMBERS = _spec("members")  # the leading axis of every per-member array
@@ -161,7 +161,7 @@ def make_programs(group: Group, mesh: Mesh, stacked_frozen: bool) -> Programs:
         steps_of_one = steps_fn(recipe, recipe.train.batch)
         steps = per_member(steps_of_one, mesh, options, (MEMBERS, frozen, MEMBERS, SHARED), True)
     return Programs(
-        init=per_member(init_train_state, mesh, options, (MEMBERS, MEMBERS)),
+        init=per_member(init_train_state, mesh, options | init_options(), (MEMBERS, MEMBERS)),
         warmup=per_member(faithfulness_warmup, mesh, options, (MEMBERS, frozen), donate=True),
         step=per_member(step_fn(recipe), mesh, options, (MEMBERS, frozen, MEMBERS, MEMBERS), True),
         steps=steps,
