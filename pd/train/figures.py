@@ -144,15 +144,17 @@ def write_figures(
     recipe: Recipe,
     state: TrainState,
     frozen: hk.Params,
-    x: Batch,
+    x: Batch | None,
     run_dir: Path,
     labels: Labels | None = None,
     known: KnownAnswer | None = None,
 ) -> None:
     """With a known answer (toys): `ci_probes.png` and `components.png`; targets other than
-    pd's toys: `ci_sequence.png` (CI over the first sequence of `x`, its tokens' text from
-    `labels`, or over its first examples); all: `losses.png`."""
+    pd's toys: `ci_sequence.png` (CI over the first sequence of the evaluation batch `x`, its
+    tokens' text from `labels`, or over its first examples); all: `losses.png`. A toy's figures
+    need no batch (`x` may be None)."""
     if not isinstance(recipe.target, ToyTarget):
+        assert x is not None, "a target other than pd's toys draws its CI over a batch"
         _ci_over_rows(recipe, state, frozen, x, run_dir / "ci_sequence.png", labels)
     if known is not None:
         _ci_probes(recipe, state, frozen, known, run_dir / "ci_probes.png")

@@ -22,7 +22,7 @@ from pd.log import show_pd_logs
 from pd.shard import ShardingError, initialize_distributed, make_mesh
 from pd.shard.state import frozen_shardings
 from pd.state import TrainState
-from pd.targets.base import Batch
+from pd.targets.base import Batch, ToyTarget
 from pd.targets.configs import FactoryConfig
 from pd.targets.hf import CheckpointError
 from pd.targets.train import TrainedTarget
@@ -241,7 +241,9 @@ def run(
                     if not config.eval.figures:
                         return evaluate()
                     # The figures (mostly Python) on a thread beside the evaluation (mostly XLA).
-                    x = eval_batches(EVAL_FOLD)
+                    # A toy's figures draw no batch; another's is drawn on this thread (a
+                    # caller's batches need not be thread-safe).
+                    x = None if isinstance(recipe.target, ToyTarget) else eval_batches(EVAL_FOLD)
                     with ThreadPoolExecutor(1, thread_name_prefix="pd-figures") as pool:
                         drawn = pool.submit(_draw, recipe, state, frozen, x, folder, kind)
                         summary = evaluate()
@@ -303,7 +305,12 @@ def write_results(
 
 
 def _draw(
-    recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batch, folder: Path, kind: TargetKind
+    recipe: Recipe,
+    state: TrainState,
+    frozen: hk.Params,
+    x: Batch | None,
+    folder: Path,
+    kind: TargetKind,
 ) -> None:
     """The run's figures into `folder` (`pd.train.figures`, matplotlib imported here)."""
     from pd.train.figures import write_figures

@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from pd.init import key_tree
 from pd.state import TrainState
-from pd.targets.base import Batch
+from pd.targets.base import Batch, ToyTarget
 from pd.targets.configs import TargetConfig
 from pd.targets.train import TrainedTarget
 from pd.train.evaluate import EVAL_FOLD
@@ -105,7 +105,8 @@ class Chunk:
         if config.eval.figures:
             from pd.train.figures import write_figures  # matplotlib when drawing
 
-            x, known = eval_batches(EVAL_FOLD), kind.known(recipe.target)
+            x = None if isinstance(recipe.target, ToyTarget) else eval_batches(EVAL_FOLD)
+            known = kind.known(recipe.target)
             write_figures(recipe, state, frozen, x, folder, kind.labels, known)
         return summary
 
