@@ -49,7 +49,7 @@ def test_mmcs_ml2r_ignores_dead_remnants() -> None:
 
 
 def test_equal_recipes_share_one_evaluation_program() -> None:
-    """A run's monitors and final evaluation, and a sweep's members, compile `eval_step` once:
+    """A run's evaluations, and a sweep's members, compile `eval_step` once:
     equal recipes (built twice from one config) get the same jitted program; a different
     recipe its own; arguments compare by their pytree leaves (a state's placement, whose
     parameter dicts cannot be hashed), and leaves that cannot be hashed get a new one each

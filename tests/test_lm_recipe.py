@@ -332,12 +332,14 @@ def test_a_language_model_run_from_a_token_file(lm_runs: LMRuns) -> None:
         assert {f"ci_l0/{n}" for n in result.recipe.table.names} <= summary.keys()
         assert (result.run_dir / "ci_sequence.png").read_bytes()[:4] == b"\x89PNG"
     # The first run in this process compiled every program; the resumed one its own placement's.
-    # The step compiled ahead (pd/train/ahead.py) is the one the loop calls: once per run.
+    # The step and monitor programs compiled ahead (pd/train/ahead.py) are the ones the loop
+    # calls: once per run.
     compiled = json.loads((lm_runs.whole.run_dir / "compile.json").read_text())
-    assert {"init_train_state", "train_step", "eval_step"} <= compiled.keys()
+    assert {"init_train_state", "train_step", "monitor_step", "eval_step"} <= compiled.keys()
     resumed = json.loads((lm_runs.resumed.run_dir / "compile.json").read_text())
     assert "eval_step" in resumed
-    assert compiled["train_step"]["compiles"] == resumed["train_step"]["compiles"] == 1
+    for jit_name in ("train_step", "monitor_step"):
+        assert compiled[jit_name]["compiles"] == resumed[jit_name]["compiles"] == 1, jit_name
     loaded = pd.load(lm_runs.resumed.run_dir)  # config.json round-trips, kind_C zeros included
     ci = loaded.ci(jnp.zeros((2, 8), jnp.int32))
     assert ci["layers.1.mlp.down"].shape == (2, 8, 4)

@@ -21,6 +21,7 @@ from pd.train.run import make_recipe
 from pd.train.step import (
     evaluate_batch,
     faith_warmup,
+    make_monitor_step,
     make_sampler,
     make_train_step,
     make_train_steps,
@@ -135,7 +136,8 @@ def test_the_ci_masked_monitor_is_a_loss_term_when_configured() -> None:
 def test_s18_steps_drawn_in_one_call_follow_the_step_by_step_loop() -> None:
     """`make_train_steps` (a toy run's loop between logged steps) draws each step's batch from
     S18's batch key itself: four steps in one call, then one, give the states and last metrics
-    of five `train_step` calls on `make_sampler`'s batches."""
+    of five `train_step` calls on `make_sampler`'s batches, and the monitors (SPEC §5) that
+    `make_monitor_step` gives on the last step's batch."""
     config = load_config("tms_5-2", ["train.batch=64", "train.faith_warmup_steps=0"])
     recipe = make_recipe(config)
     toy = as_toy(recipe.target)
@@ -153,6 +155,11 @@ def test_s18_steps_drawn_in_one_call_follow_the_step_by_step_loop() -> None:
     for a, b in zip(jax.tree.leaves(chunked), jax.tree.leaves(state), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
     for k, v in metrics.items():
+        np.testing.assert_allclose(np.asarray(last[k]), np.asarray(v), rtol=1e-5, err_msg=k)
+    monitors = make_monitor_step(recipe)(state, frozen, sample(run_key, jnp.asarray(4)))
+    assert set(monitors) == {"monitor/ci_masked_recon", "monitor/unmasked_recon"}
+    assert set(last) == set(metrics) | set(monitors)
+    for k, v in monitors.items():
         np.testing.assert_allclose(np.asarray(last[k]), np.asarray(v), rtol=1e-5, err_msg=k)
 
 

@@ -1,13 +1,13 @@
-"""A run's training and monitor programs, compiled on background threads while the main thread
+"""A run's step and monitor programs, compiled on background threads while the main thread
 makes the state (initialization and warmup, or a checkpoint's restore).
 
-Those two and the state's initializer (on the main thread) do not depend on each other, and an
-XLA compile releases the GIL, so where the machine has more cores than one compile keeps busy,
-the cold start shrinks toward the longest of them instead of their sum (README, "Speed"). jax
-keeps the program that `fn.trace(args).lower().compile()` made for `fn`'s later calls whose
-arguments have the same shapes, dtypes and placements, so the training loop finds its
-programs compiled. A compile that fails here is left to the loop's own call, which raises it
-where a run without this would.
+Those and the state's initializer (on the main thread) do not depend on each other, and an XLA
+compile releases the GIL, so where the machine has more cores than one compile keeps busy, the
+cold start shrinks toward the longest of them instead of their sum (README, "Speed"). jax keeps
+the program that `fn.trace(args).lower().compile()` made for `fn`'s later calls whose arguments
+have the same shapes, dtypes and placements, so the training loop finds its programs compiled.
+A compile that fails here is left to the loop's own call, which raises it where a run without
+this would.
 """
 
 import logging
@@ -23,9 +23,8 @@ from jax.sharding import Mesh
 from jax.stages import Wrapped
 
 from pd.targets.base import Batch
-from pd.train.evaluate import make_eval_step
 from pd.train.init_state import abstract_state, state_shardings
-from pd.train.step import Recipe, batch_key, make_train_step, make_train_steps
+from pd.train.step import Recipe, make_monitor_step, make_train_step, make_train_steps
 
 log = logging.getLogger(__name__)
 _struct: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct  # unannotated upstream
@@ -41,34 +40,34 @@ def compiling_ahead(
     sampled: bool,
     restored: bool,
 ) -> Iterator[None]:
-    """Compile the step program `_train` will call (`train_steps` where `sampled`, else
-    `train_step`, with the state's shardings on a mesh) and the monitors' `eval_step` in the
-    background; the block's exit waits for them. `restored`: the state will come from a
-    checkpoint."""
+    """Compile in the background the step program `_train` will call: `train_steps` where
+    `sampled` (it computes the monitors too), else `train_step` (with the state's shardings on a
+    mesh) and `monitor_step`; the block's exit waits for them. `restored`: the state will come
+    from a checkpoint."""
     state = abstract_state(recipe, mesh)
     if mesh is None and not restored:
         # A fresh single-device state is what jit returns, uncommitted: a program lowered for
         # leaves placed on the device would not be the one its calls look up.
         state = jax.tree.map(lambda a: _struct(a.shape, a.dtype), state)
-    eval_step = make_eval_step(recipe)
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="pd-compile") as pool:
-        # One call of `batches` (a caller's own may not be safe to call from two threads).
-        batch = pool.submit(batches, 0)
+        if sampled:
+            steps = make_train_steps(recipe, recipe.train.batch)
+            n = _struct((), jnp.int32)
+            futures = [pool.submit(_compile, steps, state, frozen, run_key, n)]
+        else:
+            # One call of `batches` (a caller's own may not be safe to call from two threads).
+            batch = pool.submit(batches, 0)
+            shardings = None if mesh is None else state_shardings(recipe, mesh)  # as run's
+            step, monitor_step = make_train_step(recipe, shardings), make_monitor_step(recipe)
 
-        def monitors() -> None:
-            _compile(eval_step, state, frozen, batch.result(), batch_key(run_key, 0))
-
-        def steps() -> None:
-            if sampled:
-                n = _struct((), jnp.int32)
-                _compile(make_train_steps(recipe, recipe.train.batch), state, frozen, run_key, n)
-            else:
-                shardings = None if mesh is None else state_shardings(recipe, mesh)  # as run's
-                step = make_train_step(recipe, shardings)
+            def train() -> None:
                 _compile(step, state, frozen, batch.result(), run_key)
 
-        futures = [pool.submit(steps), pool.submit(monitors)]  # each raises what `batch` raised
+            def monitors() -> None:
+                _compile(monitor_step, state, frozen, batch.result())
+
+            futures = [pool.submit(train), pool.submit(monitors)]  # each raises what `batch` did
         yield
     for future in futures:
         if (err := future.exception()) is not None:

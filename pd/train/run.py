@@ -30,7 +30,7 @@ from pd.train import checkpoint
 from pd.train.ahead import compiling_ahead
 from pd.train.config import ConfigError, RunConfig
 from pd.train.decomposition import Decomposition
-from pd.train.evaluate import EVAL_FOLD, make_eval_step
+from pd.train.evaluate import EVAL_FOLD
 from pd.train.init_state import abstract_state, init_train_state, state_shardings
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
 from pd.train.recipe import make_batches, make_recipe
@@ -40,9 +40,9 @@ from pd.train.signals import deferred
 from pd.train.sinks import MetricSinks
 from pd.train.step import (
     Recipe,
-    batch_key,
     faith_warmup,
     flat_metrics,
+    make_monitor_step,
     make_train_step,
     make_train_steps,
 )
@@ -111,14 +111,14 @@ def _train(
     SIGTERM stops it (`pd.train.signals`).
 
     With `sampled` (batches drawn on device, toys), the steps up to the next one that is logged,
-    evaluated or checkpointed are one call of `make_train_steps`; otherwise one call a step.
-    The monitors (SPEC §5) are not trained, so they are computed only on logged steps, by the
-    evaluation step on that step's batch.
+    evaluated or checkpointed are one call of `make_train_steps`, which also returns the
+    monitors (SPEC §5) of its last step; otherwise one call a step, and the monitors, which are
+    not trained, only on logged steps, by `make_monitor_step` on that step's batch.
     """
     cfg = recipe.train
     train_step = None if sampled else make_train_step(recipe, shardings)
     train_steps = make_train_steps(recipe, cfg.batch) if sampled else None
-    eval_step = make_eval_step(recipe)
+    monitor_step = None if sampled else make_monitor_step(recipe)
     every = cfg.checkpoint_every or cfg.steps
     with deferred() as pending:
         first = int(state.step)
@@ -134,10 +134,9 @@ def _train(
             # The last step's evaluation is the run's own, after the loop.
             evaluate = sinks.should_eval(step) and step < cfg.steps - 1
             if sinks.should_log(step) or evaluate:
-                x = batches(step)
-                evaluated, _ = eval_step(state, frozen, x, batch_key(run_key, step))
-                monitors = {k: v for k, v in evaluated.items() if k.startswith("monitor/")}
-                row = flat_metrics(recipe.table, jax.device_get({**metrics, **monitors}))
+                if monitor_step is not None:
+                    metrics |= monitor_step(state, frozen, batches(step))
+                row = flat_metrics(recipe.table, jax.device_get(metrics))
                 bad = [k for k, v in row.items() if not math.isfinite(v)]
                 if bad:  # no summary: nothing that looks like a result
                     others = f" (and {len(bad) - 1} more terms)" if len(bad) > 1 else ""

@@ -227,10 +227,25 @@ def evaluate_batch(
         ci = recipe.ci_fn.ci(state.ci_params, taps, comps.V)
         inputs = (frozen, x, clean, taps)
         _, metrics = losses(recipe, comps, ci, state.sources, inputs, step_key, state.step)
-        inp = PassInputs(frozen, x, comps, ci.lower, clean, taps)
-        metrics["monitor/ci_masked_recon"] = monitor(recipe, inp, 0.0)
-        metrics["monitor/unmasked_recon"] = monitor(recipe, inp, 1.0)
+        metrics |= monitors(recipe, PassInputs(frozen, x, comps, ci.lower, clean, taps))
     return metrics, ci
+
+
+def monitors(recipe: Recipe, inp: PassInputs) -> Metrics:
+    """SPEC §5's monitors: the CI-masked and the unmasked reconstruction."""
+    return {
+        "monitor/ci_masked_recon": monitor(recipe, inp, 0.0),
+        "monitor/unmasked_recon": monitor(recipe, inp, 1.0),
+    }
+
+
+def state_monitors(recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batch) -> Metrics:
+    """The monitors of `state` on a batch, without the losses (no gradient)."""
+    comps = state.components
+    with loops.unroll(recipe.train.unroll), compute(recipe.train.compute_dtype):  # trace time
+        taps, clean = recipe.target.taps(frozen, x)
+        ci = recipe.ci_fn.ci(state.ci_params, taps, comps.V)
+        return monitors(recipe, PassInputs(frozen, x, comps, ci.lower, clean, taps))
 
 
 StepFn = Callable[[TrainState, hk.Params, Batch, Key[Array, ""]], tuple[TrainState, Metrics]]
@@ -327,9 +342,11 @@ StepsFn = Callable[
 
 
 def steps_fn(recipe: Recipe, batch_size: int) -> StepsFn:
-    """`train_steps(state, frozen, run_key, n)` before jit: `n` training steps (a traced count,
-    so one program serves every n) that draw each step's batch themselves, S18's
-    `sample(batch_key(run_key, step))` of a toy target; the metrics are the last step's."""
+    """`train_steps(state, frozen, run_key, n ≥ 1)` before jit: `n` training steps (a traced
+    count, so one program serves every n) that draw each step's batch themselves, S18's
+    `sample(batch_key(run_key, step))` of a toy target; the metrics are the last step's, with
+    the monitors (SPEC §5) of the state it leaves on its batch, as a run logs them: in the same
+    program, so a toy run compiles no program of its own for them."""
     one_step = step_fn(recipe)
     target = as_toy(recipe.target)
 
@@ -348,8 +365,9 @@ def steps_fn(recipe: Recipe, batch_size: int) -> StepsFn:
         # `shard_map`): a loop's carry must keep its type.
         zero = state.step * 0
         metrics = jax.tree.map(lambda a: jnp.broadcast_to(zero.astype(a.dtype), a.shape), shapes)
-        out: tuple[TrainState, Metrics] = jax.lax.fori_loop(0, n, body, (state, metrics))
-        return out
+        state, metrics = jax.lax.fori_loop(0, n, body, (state, metrics))
+        x = target.sample(batch_key(run_key, state.step - 1), batch_size)  # the last step's
+        return state, metrics | state_monitors(recipe, state, frozen, x)
 
     return train_steps
 
@@ -364,6 +382,21 @@ def make_train_steps(recipe: Recipe, batch_size: int) -> StepsFn:
         compiler_options=compiler_options(recipe.ci_fn),
     )
     return steps
+
+
+MonitorFn = Callable[[TrainState, hk.Params, Batch], Metrics]
+
+
+@one_per_value
+def make_monitor_step(recipe: Recipe) -> MonitorFn:
+    """Jitted `monitor_step(state, frozen, batch)`: the monitors of a logged step where the step
+    program does not compute them (a run that is given its batches)."""
+
+    def monitor_step(state: TrainState, frozen: hk.Params, x: Batch) -> Metrics:
+        return state_monitors(recipe, state, frozen, x)
+
+    fn: MonitorFn = jax.jit(monitor_step, compiler_options=compiler_options(recipe.ci_fn))
+    return fn
 
 
 def batch_key(run_key: Key[Array, ""], step: int | Int[Array, ""]) -> Key[Array, ""]:

@@ -83,10 +83,8 @@ class Chunk:
         self.on_members = on_members
 
     def batches(self) -> Callable[[int], Batch]:
-        """The members' batches of a step, stacked (S18: each a pure function of its seed)."""
-        sample = self.programs.sample
-        if sample is not None:
-            return lambda step: sample(self.run_keys, jnp.asarray(step, jnp.int32))
+        """The members' batches of a step, stacked (S18: each a pure function of its seed), for
+        targets whose steps do not draw their own."""
         recipe = self.group.recipe
         per_member = [
             make_batches(m.config, recipe, k, None, kind=kind)
@@ -117,7 +115,8 @@ class Chunk:
         states = programs.init(self.init_keys, self.src_keys)
         if cfg.faith_warmup_steps > 0:
             states = programs.warmup(states, self.frozen)
-        batches, diverged = self.batches(), [""] * self.size
+        batches = None if programs.steps is not None else self.batches()
+        diverged = [""] * self.size
         last = (0, time.perf_counter())
         with ExitStack() as stack, _rows_unlogged():
             sinks = []
@@ -144,7 +143,9 @@ class Chunk:
             first = 0
             while first < cfg.steps:
                 step = first  # the last step of this call
+                x = None
                 if programs.steps is None:
+                    assert batches is not None
                     x = batches(step)
                     states, metrics = programs.step(states, self.frozen, x, self.run_keys)
                 else:  # toys: up to the next logged step in one call, as a run takes them
@@ -155,10 +156,10 @@ class Chunk:
                 evaluate = sinks[0].should_eval(step) and step < cfg.steps - 1
                 if not (sinks[0].should_log(step) or evaluate):
                     continue
-                x = batches(step)
-                step_arr = jnp.asarray(step, jnp.int32)
-                monitors = programs.monitors(states, self.frozen, x, self.run_keys, step_arr)
-                host = jax.device_get({**metrics, **monitors})
+                if programs.monitors is not None:  # else the steps returned them
+                    assert x is not None
+                    metrics |= programs.monitors(states, self.frozen, x)
+                host = jax.device_get(metrics)
                 host_states = jax.device_get(states) if evaluate else None
                 totals = []
                 for i, sink in enumerate(sinks):

@@ -13,22 +13,13 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Key
 
 from pd.state import TrainState
-from pd.targets.base import Batch, as_toy
+from pd.targets.base import Batch
 from pd.targets.configs import FactoryConfig, TargetConfig
 from pd.train.config import ConfigError, RunConfig
 from pd.train.init_state import initial_state
 from pd.train.kinds import TargetKind, kind_of
 from pd.train.recipe import make_recipe
-from pd.train.step import (
-    Metrics,
-    Recipe,
-    batch_key,
-    evaluate_batch,
-    faith_warmup,
-    make_sampler,
-    step_fn,
-    steps_fn,
-)
+from pd.train.step import Metrics, Recipe, faith_warmup, state_monitors, step_fn, steps_fn
 from pd.train.sweep.spec import Member, SweepSpec
 from pd.xla import compiler_options, init_options
 
@@ -125,15 +116,13 @@ StackedSteps = Callable[
 
 @dataclass(frozen=True)
 class Programs:
-    """A group's jitted functions over stacked members, named as a single run's are (the
-    monitors of logged steps: `monitor_step`, where a run calls its `eval_step`)."""
+    """A group's jitted functions over stacked members, named as a single run's are."""
 
     init: Callable[[Key[Array, " n"], Key[Array, " n"]], TrainState]
     warmup: Callable[[TrainState, hk.Params], TrainState]
     step: StackedStep
-    steps: StackedSteps | None  # toys
-    monitors: Callable[[TrainState, hk.Params, Batch, Key[Array, " n"], jax.Array], Metrics]
-    sample: Callable[[Key[Array, " n"], jax.Array], Batch] | None  # toys
+    steps: StackedSteps | None  # toys (it returns the monitors too)
+    monitors: Callable[[TrainState, hk.Params, Batch], Metrics] | None  # the others
 
 
 def make_programs(group: Group, mesh: Mesh, stacked_frozen: bool) -> Programs:
@@ -147,26 +136,19 @@ def make_programs(group: Group, mesh: Mesh, stacked_frozen: bool) -> Programs:
     def faithfulness_warmup(state: TrainState, frozen: hk.Params) -> TrainState:
         return state._replace(components=faith_warmup(recipe, state.components, frozen))
 
-    def monitor_step(
-        state: TrainState, frozen: hk.Params, x: Batch, run_key: Key[Array, ""], step: jax.Array
-    ) -> Metrics:
-        # The monitors of a logged step, on its batch, as `pd.train.run` computes them.
-        metrics, _ = evaluate_batch(recipe, state, frozen, x, batch_key(run_key, step))
-        return {k: v for k, v in metrics.items() if k.startswith("monitor/")}
+    def monitor_step(state: TrainState, frozen: hk.Params, x: Batch) -> Metrics:
+        return state_monitors(recipe, state, frozen, x)  # as `pd.train.run` computes them
 
-    sample = steps = None
+    steps = monitors = None
     if group.toy:
-        toy_sample = make_sampler(as_toy(recipe.target), recipe.train.batch)
-        sample = per_member(toy_sample, mesh, options, (MEMBERS, SHARED))
         steps_of_one = steps_fn(recipe, recipe.train.batch)
         steps = per_member(steps_of_one, mesh, options, (MEMBERS, frozen, MEMBERS, SHARED), True)
+    else:
+        monitors = per_member(monitor_step, mesh, options, (MEMBERS, frozen, MEMBERS))
     return Programs(
         init=per_member(init_train_state, mesh, options | init_options(), (MEMBERS, MEMBERS)),
         warmup=per_member(faithfulness_warmup, mesh, options, (MEMBERS, frozen), donate=True),
         step=per_member(step_fn(recipe), mesh, options, (MEMBERS, frozen, MEMBERS, MEMBERS), True),
         steps=steps,
-        monitors=per_member(
-            monitor_step, mesh, options, (MEMBERS, frozen, MEMBERS, MEMBERS, SHARED)
-        ),
-        sample=sample,
+        monitors=monitors,
     )
