@@ -8,8 +8,8 @@ default, which was faster for them (`tiny_llama`: 71 against 81–86 ms a step).
 toy step's time goes"; `bench/profile_step.py`.
 
 The initializer runs once, so on a CPU it is compiled with LLVM's O1 pipeline instead of the
-default O2: its draws' loops made O2 spend half its compile there, and at these sizes it runs as
-fast either way (README, "Speed").
+default O2, which took about half of its compile and which a program run once does not repay:
+the same state, made about as fast (README, "Speed").
 """
 
 import inspect
@@ -42,7 +42,7 @@ def init_options() -> dict[str, str]:
 
 def one_per_value(factory: Callable[P, R]) -> Callable[P, R]:
     """`factory`, returning the jitted program it made before for equal arguments, so that a
-    run's monitors and final evaluation, the members of a sweep, and runs of one recipe in a
+    run's evaluations and figures, the members of a sweep, and runs of one recipe in a
     process (a resumed run, seeds in a loop) share one compile. Arguments are bound to the
     factory's parameters, defaults filled in (`f(r)` is `f(r, None)`), and compared by their
     pytree leaves: recipes and targets by value, a state's placement leaf by leaf (its parameter
