@@ -170,6 +170,14 @@ def _sampler(target: ToyTarget) -> Callable[[Key[Array, ""], int], Batch]:
 
 
 EVAL_FOLD = 2**31 - 1  # evaluation data: from fold_in(run_key, EVAL_FOLD), or steps below it
+
+
+def figure_batch(recipe: Recipe, eval_batches: Callable[[int], Batch]) -> Batch | None:
+    """The evaluation batch a run's figures draw their CI over; None for pd's toys, whose
+    figures need none (`pd.train.figures.write_figures`)."""
+    return None if isinstance(recipe.target, ToyTarget) else eval_batches(EVAL_FOLD)
+
+
 # `(recipe, state, frozen, batches, run key, eval config) → summary`
 Evaluate = Callable[
     [Recipe, TrainState, hk.Params, Callable[[int], Batch], Key[Array, ""], EvalConfig],

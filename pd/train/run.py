@@ -22,7 +22,7 @@ from pd.log import show_pd_logs
 from pd.shard import ShardingError, initialize_distributed, make_mesh
 from pd.shard.state import frozen_shardings
 from pd.state import TrainState
-from pd.targets.base import Batch, ToyTarget
+from pd.targets.base import Batch
 from pd.targets.configs import FactoryConfig
 from pd.targets.hf import CheckpointError
 from pd.targets.train import TrainedTarget
@@ -30,7 +30,7 @@ from pd.train import checkpoint
 from pd.train.ahead import compiling_ahead
 from pd.train.config import ConfigError, RunConfig
 from pd.train.decomposition import Decomposition
-from pd.train.evaluate import EVAL_FOLD
+from pd.train.evaluate import figure_batch
 from pd.train.init_state import abstract_state, init_train_state, state_shardings
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
 from pd.train.recipe import make_batches, make_recipe
@@ -240,9 +240,8 @@ def run(
                     if not config.eval.figures:
                         return evaluate()
                     # The figures (mostly Python) on a thread beside the evaluation (mostly XLA).
-                    # A toy's figures draw no batch; another's is drawn on this thread (a
-                    # caller's batches need not be thread-safe).
-                    x = None if isinstance(recipe.target, ToyTarget) else eval_batches(EVAL_FOLD)
+                    # Their batch drawn on this thread: a caller's need not be thread-safe.
+                    x = figure_batch(recipe, eval_batches)
                     with ThreadPoolExecutor(1, thread_name_prefix="pd-figures") as pool:
                         drawn = pool.submit(_draw, recipe, state, frozen, x, folder, kind)
                         summary = evaluate()

@@ -17,10 +17,10 @@ from jax.sharding import Mesh, NamedSharding
 
 from pd.init import key_tree
 from pd.state import TrainState
-from pd.targets.base import Batch, ToyTarget
+from pd.targets.base import Batch
 from pd.targets.configs import TargetConfig
 from pd.targets.train import TrainedTarget
-from pd.train.evaluate import EVAL_FOLD
+from pd.train.evaluate import figure_batch
 from pd.train.recipe import make_batches
 from pd.train.sinks import MetricSinks
 from pd.train.step import flat_metrics
@@ -103,8 +103,7 @@ class Chunk:
         if config.eval.figures:
             from pd.train.figures import write_figures  # matplotlib when drawing
 
-            x = None if isinstance(recipe.target, ToyTarget) else eval_batches(EVAL_FOLD)
-            known = kind.known(recipe.target)
+            x, known = figure_batch(recipe, eval_batches), kind.known(recipe.target)
             write_figures(recipe, state, frozen, x, folder, kind.labels, known)
         return summary
 
