@@ -15,6 +15,7 @@ import pd
 from pd.init import init_vu, key_tree
 from pd.targets.base import as_toy
 from pd.targets.tms import TMS
+from pd.targets.train import trained_shapes
 from pd.train import checkpoint, load_config, run
 from pd.train.init_state import init_train_state
 from pd.train.run import RunResult, make_recipe
@@ -46,9 +47,14 @@ def test_run_folder_contents(tiny_run: RunResult) -> None:
     for jit_name in ("init_train_state", "train_steps", "eval_step"):
         row = compiled[jit_name]
         assert row["compile_s"] > 0.0 and row["trace_s"] > 0.0, jit_name
-    # The loop found its step program compiled ahead (pd/train/ahead.py), not compiled again;
-    # it returns the monitors of logged steps too, so only the evaluation compiles eval_step.
+    # The loop found its step program compiled ahead (pd/train/ahead.py), not compiled again:
+    # for the shapes the target's training gives, while it trained. The program returns the
+    # monitors of logged steps too, so only the evaluation compiles eval_step.
     assert compiled["train_steps"]["compiles"] == compiled["init_train_state"]["compiles"] == 1
+    shapes = trained_shapes(as_toy(tiny_run.recipe.target))
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), tiny_run.frozen) == jax.tree.map(
+        lambda a: (a.shape, a.dtype), shapes
+    )
     assert compiled["eval_step"]["compiles"] == 1 and "monitor_step" not in compiled
     for name in ("ci_probes.png", "components.png", "losses.png"):
         assert (d / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jaxtyping import Array, Float, Key
+from jaxtyping import Array, Float, Key, PyTree
 
 from pd.decompose import FROZEN
 from pd.files import file_sha256, write_atomic
@@ -118,6 +118,12 @@ def train_target(target: ToyTarget, training: TargetTraining, seed: int) -> Trai
         return target.expand(trainable), value
 
     return train_with_retries(attempt, target.check, training.max_attempts, seed)
+
+
+def trained_shapes(target: ToyTarget) -> PyTree[jax.ShapeDtypeStruct]:
+    """The shapes and dtypes of the parameters `train_target` (or the cache) gives, without
+    training: what a run compiles its step for while the target trains."""
+    return jax.eval_shape(lambda key: target.expand(target.init_train(key)), jax.random.key(0))
 
 
 def cache_dir() -> Path:

@@ -1,19 +1,19 @@
-"""A run's step and monitor programs, compiled on background threads while the main thread
-makes the state (initialization and warmup, or a checkpoint's restore).
+"""Work a run does on background threads before its loop: compiling the step and monitor
+programs and initializing the state, while the main thread trains or loads the target.
 
-Those and the state's initializer (on the main thread) do not depend on each other, and an XLA
-compile releases the GIL, so where the machine has more cores than one compile keeps busy, the
-cold start shrinks toward the longest of them instead of their sum (README, "Speed"). jax keeps
-the program that `fn.trace(args).lower().compile()` made for `fn`'s later calls whose arguments
-have the same shapes, dtypes and placements, so the training loop finds its programs compiled.
-A compile that fails here is left to the loop's own call, which raises it where a run without
-this would.
+None of these reads the target's values (a toy's step compiles for the shapes its training
+will give, `pd.targets.train.trained_shapes`), and an XLA compile releases the GIL, so where
+the machine has a core free the cold start shrinks toward the longest of them instead of their
+sum (README, "Speed"). jax keeps the program that `fn.trace(args).lower().compile()` made for
+`fn`'s later calls whose arguments have the same shapes, dtypes and placements, so the training
+loop finds its programs compiled. A compile that fails here is left to the loop's own call,
+which raises it where a run without this would.
 """
 
 import logging
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
 from typing import cast
 
 import haiku as hk
@@ -21,57 +21,85 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.stages import Wrapped
+from jaxtyping import PyTree
 
+from pd.state import TrainState
 from pd.targets.base import Batch
-from pd.train.init_state import abstract_state, state_shardings
+from pd.train.init_state import abstract_state, init_train_state, state_shardings
 from pd.train.step import Recipe, make_monitor_step, make_train_step, make_train_steps
 
 log = logging.getLogger(__name__)
 _struct: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct  # unannotated upstream
 
 
-@contextmanager
-def compiling_ahead(
-    recipe: Recipe,
-    frozen: hk.Params,
-    run_key: jax.Array,
-    batches: Callable[[int], Batch],
-    mesh: Mesh | None,
-    sampled: bool,
-    restored: bool,
-) -> Iterator[None]:
-    """Compile in the background the step program `_train` will call: `train_steps` where
-    `sampled` (it computes the monitors too), else `train_step` (with the state's shardings on a
-    mesh) and `monitor_step`; the block's exit waits for them. `restored`: the state will come
-    from a checkpoint."""
-    state = abstract_state(recipe, mesh)
-    if mesh is None and not restored:
-        # A fresh single-device state is what jit returns, uncommitted: a program lowered for
-        # leaves placed on the device would not be the one its calls look up.
-        state = jax.tree.map(lambda a: _struct(a.shape, a.dtype), state)
+class Ahead:
+    """`start` compiles the step program `_train` will call: `train_steps` where `sampled` (it
+    computes the monitors too), else `train_step` (with the state's shardings on a mesh) and
+    `monitor_step`; `initialize` makes the state. `wait` (and the block's exit) waits for the
+    compiles."""
 
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="pd-compile") as pool:
-        if sampled:
+    def __init__(self, recipe: Recipe, run_key: jax.Array, mesh: Mesh | None, sampled: bool):
+        self.recipe, self.run_key, self.mesh, self.sampled = recipe, run_key, mesh, sampled
+        self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pd-compile")
+        self.futures: list[Future[None]] = []
+
+    def __enter__(self) -> "Ahead":
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.wait()
+
+    @property
+    def started(self) -> bool:
+        return bool(self.futures)
+
+    def start(
+        self,
+        frozen: hk.Params | PyTree[jax.ShapeDtypeStruct],
+        batches: Callable[[int], Batch] | None,
+        restored: bool,
+    ) -> None:
+        """Begin the compiles for `frozen` (its values, or only their shapes and dtypes where it
+        is not loaded yet: a sampled run needs no `batches`). `restored`: the state will come
+        from a checkpoint."""
+        recipe, mesh, pool = self.recipe, self.mesh, self.pool
+        state = abstract_state(recipe, mesh)
+        if mesh is None and not restored:
+            # A fresh single-device state is what jit returns, uncommitted: a program lowered
+            # for leaves placed on the device would not be the one its calls look up.
+            state = jax.tree.map(lambda a: _struct(a.shape, a.dtype), state)
+        if self.sampled:
             steps = make_train_steps(recipe, recipe.train.batch)
             n = _struct((), jnp.int32)
-            futures = [pool.submit(_compile, steps, state, frozen, run_key, n)]
-        else:
-            # One call of `batches` (a caller's own may not be safe to call from two threads).
-            batch = pool.submit(batches, 0)
-            shardings = None if mesh is None else state_shardings(recipe, mesh)  # as run's
-            step, monitor_step = make_train_step(recipe, shardings), make_monitor_step(recipe)
+            self.futures = [pool.submit(_compile, steps, state, frozen, self.run_key, n)]
+            return
+        assert batches is not None, "a run given its batches compiles for one of them"
+        # One call of `batches` (a caller's own may not be safe to call from two threads).
+        batch = pool.submit(batches, 0)
+        shardings = None if mesh is None else state_shardings(recipe, mesh)  # as run's
+        step, monitor_step = make_train_step(recipe, shardings), make_monitor_step(recipe)
 
-            def train() -> None:
-                _compile(step, state, frozen, batch.result(), run_key)
+        def train() -> None:
+            _compile(step, state, frozen, batch.result(), self.run_key)
 
-            def monitors() -> None:
-                _compile(monitor_step, state, frozen, batch.result())
+        def monitors() -> None:
+            _compile(monitor_step, state, frozen, batch.result())
 
-            futures = [pool.submit(train), pool.submit(monitors)]  # each raises what `batch` did
-        yield
-    for future in futures:
-        if (err := future.exception()) is not None:
-            log.debug("compiling ahead failed (the loop compiles its own): %r", err)
+        self.futures = [pool.submit(train), pool.submit(monitors)]  # each raises what `batch` did
+
+    def initialize(self, init_key: jax.Array, src_key: jax.Array) -> Future[TrainState]:
+        """`init_train_state` (a single-device run's) on a background thread."""
+        return self.pool.submit(init_train_state, self.recipe, init_key, src_key)
+
+    def wait(self) -> None:
+        """Wait for the compiles; one that failed is logged (the loop compiles its own)."""
+        self.pool.shutdown()
+        for future in self.futures:
+            if (err := future.exception()) is not None:
+                log.debug("compiling ahead failed (the loop compiles its own): %r", err)
+        self.futures = []
 
 
 def _compile(fn: Callable[..., object], *args: object) -> None:

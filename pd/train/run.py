@@ -22,12 +22,12 @@ from pd.log import show_pd_logs
 from pd.shard import ShardingError, initialize_distributed, make_mesh
 from pd.shard.state import frozen_shardings
 from pd.state import TrainState
-from pd.targets.base import Batch
+from pd.targets.base import Batch, as_toy
 from pd.targets.configs import FactoryConfig
 from pd.targets.hf import CheckpointError
-from pd.targets.train import TrainedTarget
+from pd.targets.train import TrainedTarget, trained_shapes
 from pd.train import checkpoint
-from pd.train.ahead import compiling_ahead
+from pd.train.ahead import Ahead
 from pd.train.config import ConfigError, RunConfig
 from pd.train.decomposition import Decomposition
 from pd.train.evaluate import figure_batch
@@ -196,8 +196,17 @@ def run(
         set_option: Callable[[str, object], None] = jax.config.update  # unannotated upstream
         set_option("jax_compilation_cache_dir", config.compile.cache_dir)
         set_option("jax_persistent_cache_min_compile_time_secs", config.compile.min_compile_secs)
+    init_key, src_key, run_key = key_tree(config.seed)
+    sampled = kind.sampled and mesh is None
     t0 = time.perf_counter()
-    with recording() as compile_times:
+    with recording() as compile_times, Ahead(recipe, run_key, mesh, sampled) as ahead:
+        # While the target trains or loads: the state's initializer, which does not read the
+        # target, and a toy's step program, which reads only its shapes (single-device runs;
+        # on a mesh, a background computation could order collectives unlike another host's).
+        early = mesh is None and not resume
+        fresh = ahead.initialize(init_key, src_key) if early else None
+        if early and sampled:
+            ahead.start(trained_shapes(as_toy(recipe.target)), None, restored=False)
         try:  # a bad checkpoint stops the run before any folder is made
             trained = kind.load_frozen(recipe.target)
         except CheckpointError as err:
@@ -210,26 +219,27 @@ def run(
             frozen = trained.params
             if mesh is not None:
                 frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
-            init_key, src_key, run_key = key_tree(config.seed)
             checkpoints = Checkpoints(tmp_dir / CHECKPOINTS, config.train.keep_checkpoints)
             try:
                 latest = checkpoints.latest() if resume else None
                 batches = make_batches(config, recipe, run_key, mesh, kind=kind)
                 eval_batches = make_batches(config, recipe, run_key, mesh, True, kind)
-                sampled = kind.sampled and mesh is None
-                with compiling_ahead(
-                    recipe, frozen, run_key, batches, mesh, sampled, latest is not None
-                ):
-                    if latest is None:
-                        state = _initial_state(recipe, init_key, src_key, frozen, mesh)
+                if not ahead.started:
+                    ahead.start(frozen, batches, restored=latest is not None)
+                if latest is None:
+                    if fresh is None:
+                        state = init_train_state(recipe, init_key, src_key, mesh)
                     else:
-                        state = checkpoints.restore(latest, abstract_state(recipe, mesh))
-                        log.info("resumed from the checkpoint of step %d", latest)
-                    # A failed allocation (out of memory) raises here; jax 0.10.2 on a CPU
-                    # would wait forever reading a value (`int(state.step)`) of a computation
-                    # that failed.
-                    for leaf in jax.tree.leaves(state):
-                        leaf.block_until_ready()
+                        state = fresh.result()
+                    state = _warmed_up(recipe, state, frozen)
+                else:
+                    state = checkpoints.restore(latest, abstract_state(recipe, mesh))
+                    log.info("resumed from the checkpoint of step %d", latest)
+                # A failed allocation (out of memory) raises here; jax 0.10.2 on a CPU would
+                # wait forever reading a value (`int(state.step)`) of a computation that failed.
+                for leaf in jax.tree.leaves(state):
+                    leaf.block_until_ready()
+                ahead.wait()
 
                 def evaluation(state: TrainState, folder: Path) -> dict[str, float]:
                     def evaluate() -> dict[str, float]:
@@ -316,15 +326,8 @@ def _draw(
     write_figures(recipe, state, frozen, x, folder, kind.labels, kind.known(recipe.target))
 
 
-def _initial_state(
-    recipe: Recipe,
-    init_key: jax.Array,
-    src_key: jax.Array,
-    frozen: hk.Params,
-    mesh: Mesh | None,
-) -> TrainState:
-    """The state at step 0: initialized, then the components' faithfulness warmup."""
-    state = init_train_state(recipe, init_key, src_key, mesh)
+def _warmed_up(recipe: Recipe, state: TrainState, frozen: hk.Params) -> TrainState:
+    """The state at step 0: the initialized one after the components' faithfulness warmup."""
     if recipe.train.faith_warmup_steps > 0:
         state = state._replace(components=faith_warmup(recipe, state.components, frozen))
     return state
