@@ -16,7 +16,7 @@ from jaxtyping import Array, Bool, Float, Int, Key
 
 from pd import rng
 from pd.precision import matmul
-from pd.sites import SiteTable
+from pd.sites import HostOrDevice, SiteTable
 
 
 def make_mask(
@@ -189,7 +189,7 @@ def layer_sites(
 
 
 def site_weights(
-    table: SiteTable, weights: dict[str, Float[Array, "_L _d_in _d_out"]]
-) -> dict[str, Float[Array, "_d_in _d_out"]]:
+    table: SiteTable, weights: dict[str, Float[HostOrDevice, "_L _d_in _d_out"]]
+) -> dict[str, Float[HostOrDevice, "_d_in _d_out"]]:
     """`{site: W}` views of a target's per-kind stacked frozen weights."""
     return {s.name: weights[s.kind][s.layer] for s in table.sites}

@@ -9,6 +9,9 @@ import numpy as np
 from jaxtyping import Array, Shaped
 
 K = TypeVar("K", bound=Hashable)
+# Storage on the device or, fetched once (`jax.device_get`), on the host: slicing host arrays
+# runs no device op (each eager op on a new shape is a compile).
+HostOrDevice = TypeVar("HostOrDevice", Array, np.ndarray)
 
 
 def take(arr: Shaped[Array, "n ..."], index: tuple[int, ...]) -> Shaped[Array, "m ..."]:
@@ -233,14 +236,17 @@ class SiteTable:
         """Canonical indices of the sites of C group `g`, in slot order."""
         return tuple(self.index(n) for n in self.c_groups[g].names)
 
-    def view(self, stacked: tuple[Shaped[Array, "_n ..."], ...], name: str) -> Shaped[Array, "..."]:
+    def view(
+        self, stacked: tuple[Shaped[HostOrDevice, "_n ..."], ...], name: str
+    ) -> Shaped[HostOrDevice, "..."]:
         """The slice of a per-group stacked array that belongs to one site."""
         g, j = self.where(name)
-        return stacked[g][j]
+        view: HostOrDevice = stacked[g][j]
+        return view
 
     def views(
-        self, stacked: tuple[Shaped[Array, "_n ..."], ...]
-    ) -> dict[str, Shaped[Array, "..."]]:
+        self, stacked: tuple[Shaped[HostOrDevice, "_n ..."], ...]
+    ) -> dict[str, Shaped[HostOrDevice, "..."]]:
         """`{site: array}` view of per-group stacked storage (canonical order)."""
         return {n: self.view(stacked, n) for n in self.names}
 

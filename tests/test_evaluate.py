@@ -55,10 +55,10 @@ def test_equal_recipes_share_one_evaluation_program() -> None:
     parameter dicts cannot be hashed), and leaves that cannot be hashed get a new one each
     time; a default argument given or left out is one call."""
     recipe = make_recipe(load_config("tms_5-2", []))
-    assert make_eval_step(recipe) is make_eval_step(make_recipe(load_config("tms_5-2", [])))
+    assert make_eval_step(recipe, 64) is make_eval_step(make_recipe(load_config("tms_5-2", [])), 64)
     assert ci_program(recipe) is ci_program(make_recipe(load_config("tms_5-2", [])))
-    assert make_eval_step(make_recipe(load_config("tms_5-2", ["C=7"]))) is not make_eval_step(
-        recipe
+    assert make_eval_step(make_recipe(load_config("tms_5-2", ["C=7"])), 64) is not make_eval_step(
+        recipe, 64
     )
     made: list[object] = []
 

@@ -7,7 +7,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Key
+from jaxtyping import Array, Float, Int, Key
 from scipy.optimize import linear_sum_assignment
 
 from pd.ci import GroupParams
@@ -67,19 +67,27 @@ def site_max(lower: Float[Array, "_n *L _C"]) -> Float[Array, "_n _C"]:
 
 
 EvalFn = Callable[
-    [TrainState, hk.Params, Batch, Key[Array, ""]],
+    [TrainState, hk.Params, Key[Array, ""], Int[Array, ""]],
     tuple[Metrics, tuple[Float[Array, "_n _C"], ...]],
 ]
+EVAL_FOLD = 2**31 - 1  # evaluation data: from fold_in(run_key, EVAL_FOLD), or steps below it
 
 
 @one_per_value
-def make_eval_step(recipe: Recipe) -> EvalFn:
-    """Jitted `eval_step`: the loss terms on a batch, and each site's max CI over the batch."""
+def make_eval_step(recipe: Recipe, batch_size: int) -> EvalFn:
+    """Jitted `eval_step(state, frozen, run_key, b)` of a toy: the loss terms on its evaluation
+    batch `b`, and each site's max CI over the batch. The batch is drawn in the same program
+    (one compile, not one more for the sampler and the keys) from the first of the two keys
+    split from `fold_in(fold_in(run_key, EVAL_FOLD), b)`; the second is the step's."""
+    target = as_toy(recipe.target)
 
     def eval_step(
-        state: TrainState, frozen: hk.Params, x: Batch, key: Key[Array, ""]
+        state: TrainState, frozen: hk.Params, run_key: Key[Array, ""], b: Int[Array, ""]
     ) -> tuple[Metrics, tuple[Float[Array, "_n _C"], ...]]:
-        metrics, ci = evaluate_batch(recipe, state, frozen, x, key)  # CI computed once
+        key = jax.random.fold_in(jax.random.fold_in(run_key, EVAL_FOLD), b)
+        k_data, k_step = jax.random.split(key)
+        x = target.sample(k_data, batch_size)
+        metrics, ci = evaluate_batch(recipe, state, frozen, x, k_step)  # CI computed once
         return metrics, tuple(site_max(lower) for lower in ci.lower)
 
     fn: EvalFn = jax.jit(eval_step, compiler_options=compiler_options(recipe.ci_fn))
@@ -110,9 +118,9 @@ def probe_ci(
     n_features: int,
 ) -> dict[str, np.ndarray]:
     """`{site: [n_features, C]}` CI of each one-hot feature input with value 0.75."""
-    probes = 0.75 * jnp.eye(n_features)
+    probes = jnp.asarray(0.75 * np.eye(n_features, dtype=np.float32))  # a transfer, no op
     ci, _ = ci_program(recipe)(ci_params, comps, frozen, probes)
-    return {n: np.asarray(v) for n, v in recipe.table.views(ci.lower).items()}
+    return recipe.table.views(jax.device_get(ci.lower))
 
 
 def known_answer_metrics(
@@ -133,10 +141,13 @@ def known_answer_metrics(
                 summary[f"identity_ci_error_{tol}/{name}"] = float(identity_ci_error(ci, tol))
             else:
                 summary[f"dense_ci_error_{tol}/{name}"] = float(dense_ci_error(ci, k, tol))
-    weights = site_weights(table, recipe.target.weights(frozen))
-    comps = table.views(state.components.V), table.views(state.components.U)
+    weights = site_weights(table, jax.device_get(recipe.target.weights(frozen)))
+    comps = (
+        table.views(jax.device_get(state.components.V)),
+        table.views(jax.device_get(state.components.U)),
+    )
     for name in known.feature_sites:
-        W, V, U = (np.asarray(a) for a in (weights[name], comps[0][name], comps[1][name]))
+        W, V, U = weights[name], comps[0][name], comps[1][name]
         alive = site_max[name] > ALIVE_THRESHOLD
         summary[f"mmcs/{name}"], summary[f"ml2r/{name}"] = mmcs_ml2r(W, V, U, alive)
     return summary
@@ -156,20 +167,10 @@ def accumulate(
         ci_max = [np.maximum(a, m) for a, m in zip(ci_max, maxes, strict=True)]
         n_batches += 1
     sums = {name: total / n_batches for name, total in sums.items()}
-    site_max = {n: np.asarray(m) for n, m in table.views(tuple(map(jnp.asarray, ci_max))).items()}
+    site_max = table.views(tuple(ci_max))
     for name, mx in site_max.items():
         sums[f"alive/{name}"] = float(np.sum(mx > ALIVE_THRESHOLD))
     return sums, site_max
-
-
-@one_per_value
-def _sampler(target: ToyTarget) -> Callable[[Key[Array, ""], int], Batch]:
-    """Jitted `target.sample`."""
-    fn: Callable[[Key[Array, ""], int], Batch] = jax.jit(target.sample, static_argnums=1)
-    return fn
-
-
-EVAL_FOLD = 2**31 - 1  # evaluation data: from fold_in(run_key, EVAL_FOLD), or steps below it
 
 
 def figure_batch(recipe: Recipe, eval_batches: Callable[[int], Batch]) -> Batch | None:
@@ -191,16 +192,14 @@ def evaluate_toy(
     """The flat summary of SPEC §13 for a toy decomposition, on `n_samples` fresh samples
     drawn from the evaluation key."""
     table, target = recipe.table, as_toy(recipe.target)
-    eval_step = make_eval_step(recipe)
     batch = cfg.batch
+    eval_step = make_eval_step(recipe, batch)
     n_batches = max(1, -(-cfg.n_samples // batch))
-    sample = _sampler(target)
-    key = jax.random.fold_in(run_key, EVAL_FOLD)
 
     def results() -> Iterator[tuple[dict[str, np.ndarray], tuple[np.ndarray, ...]]]:
         for b in range(n_batches):
-            k_data, k_step = jax.random.split(jax.random.fold_in(key, b))
-            yield jax.device_get(eval_step(state, frozen, sample(k_data, batch), k_step))
+            index = jnp.asarray(b, jnp.int32)
+            yield jax.device_get(eval_step(state, frozen, run_key, index))
 
     means, site_max = accumulate(table, results())
     keep = ("loss/", "monitor/", "ci_l0/", "alive/")

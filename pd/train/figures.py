@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import haiku as hk
+import jax
 import jax.numpy as jnp
 import numpy as np
 from matplotlib.axes import Axes
@@ -55,21 +56,19 @@ def _components(
 ) -> None:
     """Rank-1 piece norms per site; for 2-d TMS hidden spaces, feature directions as arrows."""
     table = recipe.table
-    V, U = table.views(comps.V), table.views(comps.U)
-    weights = site_weights(table, recipe.target.weights(frozen))
+    V, U = table.views(jax.device_get(comps.V)), table.views(jax.device_get(comps.U))
+    weights = site_weights(table, jax.device_get(recipe.target.weights(frozen)))
     arrows = [n for n in known.feature_sites if weights[n].shape[1] == 2]
     n_cols = len(table.names) + len(arrows)
     fig = Figure(figsize=(4 * n_cols, 3.5))
     axes = fig.subplots(1, n_cols, squeeze=False)
     for ax, name in zip(axes[0], table.names, strict=False):
-        norms = np.linalg.norm(np.asarray(V[name]), axis=0) * np.linalg.norm(
-            np.asarray(U[name]), axis=1
-        )
+        norms = np.linalg.norm(V[name], axis=0) * np.linalg.norm(U[name], axis=1)
         ax.bar(np.arange(norms.size), norms)
         ax.set_title(f"{name}: ‖V[:, c]‖·‖U[c, :]‖", fontsize=9)
         ax.set_xlabel("subcomponent")
     for ax, name in zip(axes[0][len(table.names) :], arrows, strict=True):
-        W, v, u = (np.asarray(a) for a in (weights[name], V[name], U[name]))
+        W, v, u = weights[name], V[name], U[name]
         for j, row in enumerate(W):
             ax.arrow(0, 0, *row, color="black", width=0.01, length_includes_head=True)
             ax.annotate(f"f{j}", row * 1.08)
@@ -114,7 +113,8 @@ def _ci_over_rows(
     shown = x[:1] if sequence else x[:32]
     ci, _ = ci_program(recipe)(state.ci_params, state.components, frozen, shown)
     views = {
-        n: np.asarray(v).reshape(-1, v.shape[-1]) for n, v in recipe.table.views(ci.lower).items()
+        n: v.reshape(-1, v.shape[-1])
+        for n, v in recipe.table.views(jax.device_get(ci.lower)).items()
     }
     words = None if labels is None else [repr(w)[1:-1] for w in labels(np.asarray(x[0]).tolist())]
     n = len(views)
