@@ -1,6 +1,5 @@
-"""Work a run does on background threads: before its loop, compiling the step and monitor
-programs and initializing the state while the main thread trains or loads the target; during
-the loop, what its evaluation will need.
+"""Work a run does on background threads before its loop: compiling the step and monitor
+programs and initializing the state, while the main thread trains or loads the target.
 
 None of these reads the target's values (a toy's step compiles for the shapes its training
 will give, `pd.targets.train.trained_shapes`), and an XLA compile releases the GIL, so where
@@ -11,7 +10,6 @@ loop finds its programs compiled. A compile that fails here is left to the loop'
 which raises it where a run without this would.
 """
 
-import importlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,7 +25,6 @@ from jaxtyping import PyTree
 
 from pd.state import TrainState
 from pd.targets.base import Batch
-from pd.train.evaluate import make_eval_step
 from pd.train.init_state import abstract_state, init_train_state, state_shardings
 from pd.train.step import Recipe, make_monitor_step, make_train_step, make_train_steps
 
@@ -45,8 +42,6 @@ class Ahead:
         self.recipe, self.run_key, self.mesh, self.sampled = recipe, run_key, mesh, sampled
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pd-compile")
         self.futures: list[Future[None]] = []
-        self.started = False
-        self.state: TrainState | None = None  # the state's shapes and placements, from `start`
 
     def __enter__(self) -> "Ahead":
         return self
@@ -55,7 +50,10 @@ class Ahead:
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.wait()
-        self.pool.shutdown()
+
+    @property
+    def started(self) -> bool:
+        return bool(self.futures)
 
     def start(
         self,
@@ -72,7 +70,6 @@ class Ahead:
             # A fresh single-device state is what jit returns, uncommitted: a program lowered
             # for leaves placed on the device would not be the one its calls look up.
             state = jax.tree.map(lambda a: _struct(a.shape, a.dtype), state)
-        self.started, self.state = True, state
         if self.sampled:
             steps = make_train_steps(recipe, recipe.train.batch)
             n = _struct((), jnp.int32)
@@ -96,25 +93,9 @@ class Ahead:
         """`init_train_state` (a single-device run's) on a background thread."""
         return self.pool.submit(init_train_state, self.recipe, init_key, src_key)
 
-    def prepare_evaluation(self, frozen: hk.Params, eval_batch: int, figures: bool) -> None:
-        """While the loop trains (which leaves part of a core idle between its calls): a toy's
-        `eval_step` compiled for its evaluation batches, and matplotlib imported for the
-        figures. The evaluation `wait`s for them first."""
-        state = self.state
-        assert state is not None, "`start` comes first"
-
-        def prepare() -> None:
-            if self.sampled:
-                eval_step = make_eval_step(self.recipe, eval_batch)
-                _compile(eval_step, state, frozen, self.run_key, _struct((), jnp.int32))
-            if figures:
-                importlib.import_module("pd.train.figures")
-
-        self.futures.append(self.pool.submit(prepare))
-
     def wait(self) -> None:
-        """Wait for the work started; a compile that failed is logged (the caller's own call
-        compiles it again and raises)."""
+        """Wait for the compiles; one that failed is logged (the loop compiles its own)."""
+        self.pool.shutdown()
         for future in self.futures:
             if (err := future.exception()) is not None:
                 log.debug("compiling ahead failed (the loop compiles its own): %r", err)

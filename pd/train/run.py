@@ -240,11 +240,8 @@ def run(
                 for leaf in jax.tree.leaves(state):
                     leaf.block_until_ready()
                 ahead.wait()
-                ahead.prepare_evaluation(frozen, config.eval.batch, config.eval.figures)
 
                 def evaluation(state: TrainState, folder: Path) -> dict[str, float]:
-                    ahead.wait()  # for what `prepare_evaluation` started
-
                     def evaluate() -> dict[str, float]:
                         return kind.evaluate(
                             recipe, state, frozen, eval_batches, run_key, config.eval
