@@ -19,11 +19,12 @@ from jaxtyping import Array, Bool, Float, Key
 from pd import rng
 from pd.init import key_tree
 from pd.state import TrainState
+from pd.targets.base import as_toy
 from pd.train.config import load_config
 from pd.train.init_state import init_train_state
 from pd.train.kinds import kind_of
 from pd.train.run import make_recipe
-from pd.train.step import Metrics, steps_fn
+from pd.train.step import Metrics, ToySampler, steps_fn
 from pd.xla import compiler_options
 
 Steps = Callable[..., tuple[TrainState, Metrics]]
@@ -59,7 +60,8 @@ def main() -> None:
     for name, (uniform, bernoulli) in draws.items():
         rng.uniform, rng.bernoulli = uniform, bernoulli  # read when the step is traced, below
         steps: Steps = jax.jit(
-            steps_fn(recipe, config.train.batch), compiler_options=compiler_options(recipe.ci_fn)
+            steps_fn(recipe, ToySampler(as_toy(recipe.target), config.train.batch)),
+            compiler_options=compiler_options(recipe.ci_fn),
         )
         state, metrics = steps(init_train_state(recipe, init_key, src_key), frozen, run_key, n)
         metrics["loss/total"].block_until_ready()

@@ -35,8 +35,8 @@ def measure(
     frozen = kind.load_frozen(recipe.target).params
     init_key, src_key, run_key = key_tree(config.seed)
     state = init_train_state(recipe, init_key, src_key)
-    if kind.sampled:  # as a run takes them: the steps between logged steps in one call
-        steps = make_train_steps(recipe, config.train.batch)
+    if kind.sampler is not None:  # as a run takes them: the steps between logged steps in one call
+        steps = make_train_steps(recipe, kind.sampler(recipe.target, config.train.batch))
         name = "train_steps"
 
         def window(state: TrainState, first: int) -> tuple[TrainState, Metrics]:

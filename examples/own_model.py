@@ -69,7 +69,8 @@ def build() -> OwnTarget:
     """The target, as `target = { factory = "examples.own_model:build" }` names it in TOML."""
     params = train_mlp()
     target = haiku_target(mlp, params, sparse_batch(0), {"mlp/~/linear_*": C})
-    return OwnTarget(target, params, sparse_batch)
+    # `sparse_batch` is jax all through: the run draws its batches inside the step program.
+    return OwnTarget(target, params, sparse_batch, jittable=True)
 
 
 def main(out: Path) -> None:

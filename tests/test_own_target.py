@@ -102,6 +102,53 @@ def test_a_target_given_in_python_is_given_again_to_load(tmp_path: Path) -> None
         pd.load(tmp_path / "given", own=dataclasses.replace(own, frozen=other))
 
 
+def test_jittable_batches_are_drawn_inside_the_step_program(tmp_path: Path) -> None:
+    """`OwnTarget(jittable=True)`: the run draws `batches(step)` inside `train_steps`, the steps
+    between logged steps as one call (compiled once, no per-step `train_step`), to the same
+    decomposition as the step-by-step loop that is given each batch (1e-5)."""
+    params = hk.transform(mlp).init(jax.random.key(0), sparse(0))
+    target = haiku_target(mlp, params, sparse(0), {"mlp/~/linear_*": 6})
+    short = [
+        "train.steps=12",
+        "train.log_every=5",
+        "train.faith_warmup_steps=2",
+        "eval.figures=false",
+    ]
+    config = load_config("tms_5-2", [*short, "eval.n_samples=256", "eval.batch=256"])
+    results = {
+        jittable: run(
+            config,
+            tmp_path / f"j{jittable}",
+            own=OwnTarget(target, params, sparse, jittable=jittable),
+        )
+        for jittable in (False, True)
+    }
+    programs = {j: r.compile_times.by_name for j, r in results.items()}
+    assert programs[True]["train_steps"]["compiles"] == 1 and "train_step" not in programs[True]
+    assert "train_steps" not in programs[False] and programs[False]["train_step"]["compiles"] == 1
+    leaves = [jax.tree.leaves(results[j].state) for j in (False, True)]
+    assert int(results[True].state.step) == 12
+    for a, b in zip(*leaves, strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
+
+
+def test_batches_declared_jittable_that_do_not_trace_stop_before_any_compile(
+    tmp_path: Path,
+) -> None:
+    params = hk.transform(mlp).init(jax.random.key(0), sparse(0))
+    target = haiku_target(mlp, params, sparse(0), {"mlp/~/linear_0": 4})
+
+    def host(step: int) -> Float[Array, "16 8"]:  # drawn by numpy: the step must be an int
+        return jnp.asarray(np.random.default_rng(step).random((16, N), dtype=np.float32))
+
+    config = load_config("tms_5-2", ["train.steps=3"])
+    with pytest.raises(
+        ConfigError, match=r"OwnTarget\.jittable is True but batches\(step\) cannot be traced"
+    ):
+        run(config, tmp_path / "host", own=OwnTarget(target, params, host, jittable=True))
+    assert not (tmp_path / "host").exists()
+
+
 def tms(x: Float[Array, "B 5"]) -> Float[Array, "B 5"]:
     """TMS 5-2 the plain haiku way: two hk.Linear layers and a ReLU."""
     h = hk.Linear(2, with_bias=False, name="linear1")(x)
@@ -124,6 +171,7 @@ def test_tms_written_with_hk_linear_recovers_every_feature(tmp_path: Path) -> No
         params,
         lambda step: sample(run_key, jnp.asarray(step, jnp.int32)),
         known=KnownAnswer(5, feature_sites=("linear1",)),
+        jittable=True,  # the steps between logged steps as one call, as for pd's own toys
     )
     config = load_config("tms_5-2", ["eval.n_samples=20480", "eval.batch=1024"])
     summary = run(config, tmp_path / "tms", own=own).summary

@@ -19,6 +19,7 @@ from pd.train.init_state import init_train_state
 from pd.train.optim import ci_optimizer, clip_global_norm, component_optimizer
 from pd.train.run import make_recipe
 from pd.train.step import (
+    ToySampler,
     evaluate_batch,
     faith_warmup,
     make_monitor_step,
@@ -144,7 +145,7 @@ def test_s18_steps_drawn_in_one_call_follow_the_step_by_step_loop() -> None:
     frozen = toy.expand(toy.init_train(jax.random.key(0)))
     init_key, src_key, run_key = key_tree(0)
     one, sample = make_train_step(recipe), make_sampler(toy, 64)
-    steps = make_train_steps(recipe, 64)
+    steps = make_train_steps(recipe, ToySampler(toy, 64))
     state = init_train_state(recipe, init_key, src_key)
     for s in range(5):
         state, metrics = one(state, frozen, sample(run_key, jnp.asarray(s)), run_key)
@@ -217,8 +218,11 @@ def test_runs_of_one_recipe_share_their_programs() -> None:
     config = load_config("tms_5-2")
     a, b = make_recipe(config), make_recipe(config)
     assert a == b and a is not b
-    assert make_train_steps(a, 64) is make_train_steps(b, 64)
-    assert make_train_steps(a, 64) is not make_train_steps(a, 32)
+    toy_a, toy_b = as_toy(a.target), as_toy(b.target)
+    assert make_train_steps(a, ToySampler(toy_a, 64)) is make_train_steps(b, ToySampler(toy_b, 64))
+    assert make_train_steps(a, ToySampler(toy_a, 64)) is not make_train_steps(
+        a, ToySampler(toy_a, 32)
+    )
     assert make_train_step(a) is make_train_step(b)
     mesh = make_mesh({"data": 1, "model": 1})  # TMS sizes divide no larger mesh
     on_mesh = make_train_step(a, state_shardings(a, mesh))

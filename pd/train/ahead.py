@@ -26,20 +26,22 @@ from jaxtyping import PyTree
 from pd.state import TrainState
 from pd.targets.base import Batch
 from pd.train.init_state import abstract_state, init_train_state, state_shardings
-from pd.train.step import Recipe, make_monitor_step, make_train_step, make_train_steps
+from pd.train.step import Recipe, Sampler, make_monitor_step, make_train_step, make_train_steps
 
 log = logging.getLogger(__name__)
 _struct: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct  # unannotated upstream
 
 
 class Ahead:
-    """`start` compiles the step program `_train` will call: `train_steps` where `sampled` (it
-    computes the monitors too), else `train_step` (with the state's shardings on a mesh) and
-    `monitor_step`; `initialize` makes the state. `wait` (and the block's exit) waits for the
-    compiles."""
+    """`start` compiles the step program `_train` will call: `train_steps` where it draws its
+    batches with `sample` (it computes the monitors too), else `train_step` (with the state's
+    shardings on a mesh) and `monitor_step`; `initialize` makes the state. `wait` (and the
+    block's exit) waits for the compiles."""
 
-    def __init__(self, recipe: Recipe, run_key: jax.Array, mesh: Mesh | None, sampled: bool):
-        self.recipe, self.run_key, self.mesh, self.sampled = recipe, run_key, mesh, sampled
+    def __init__(
+        self, recipe: Recipe, run_key: jax.Array, mesh: Mesh | None, sample: Sampler | None
+    ):
+        self.recipe, self.run_key, self.mesh, self.sample = recipe, run_key, mesh, sample
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pd-compile")
         self.futures: list[Future[None]] = []
 
@@ -62,16 +64,16 @@ class Ahead:
         restored: bool,
     ) -> None:
         """Begin the compiles for `frozen` (its values, or only their shapes and dtypes where it
-        is not loaded yet: a sampled run needs no `batches`). `restored`: the state will come
-        from a checkpoint."""
+        is not loaded yet: a run that draws its batches needs no `batches`). `restored`: the
+        state will come from a checkpoint."""
         recipe, mesh, pool = self.recipe, self.mesh, self.pool
         state = abstract_state(recipe, mesh)
         if mesh is None and not restored:
             # A fresh single-device state is what jit returns, uncommitted: a program lowered
             # for leaves placed on the device would not be the one its calls look up.
             state = jax.tree.map(lambda a: _struct(a.shape, a.dtype), state)
-        if self.sampled:
-            steps = make_train_steps(recipe, recipe.train.batch)
+        if self.sample is not None:
+            steps = make_train_steps(recipe, self.sample)
             n = _struct((), jnp.int32)
             self.futures = [pool.submit(_compile, steps, state, frozen, self.run_key, n)]
             return

@@ -5,23 +5,24 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
-from jaxtyping import Array, Key
+from jaxtyping import Array, Int, Key, PyTree
 
 from pd.shard import global_batch
 from pd.targets.base import Batch, Target, ToyTarget, as_toy
 from pd.targets.configs import FactoryConfig, LlamaConfig, TargetConfig, ToyConfig
 from pd.targets.lm import build_llama, load_llama, token_labels, token_source
-from pd.targets.train import TrainedTarget, load_or_train
+from pd.targets.train import TrainedTarget, load_or_train, trained_shapes
 from pd.train.config import ConfigError
 from pd.train.evaluate import Evaluate, KnownAnswer, evaluate_toy, toy_answer
 from pd.train.evaluate_masks import evaluate_masks
-from pd.train.step import make_sampler
+from pd.train.step import Sampler, ToySampler, make_sampler
 
 Batches = Callable[[int], Batch]  # the global batch of a step (S18), placed on the mesh
 Labels = Callable[[list[int]], list[str]]  # token ids → their text, for figures
@@ -43,7 +44,10 @@ class TargetKind:
     evaluate: Evaluate
     known: Callable[[Target], KnownAnswer | None]  # for the known-answer metrics and figures
     labels: Labels | None = None
-    sampled: bool = False  # batches are `target.sample` of S18's batch key: a step can draw them
+    # Where a step can draw its own batches (toys, a caller's jittable ones): `(target, batch
+    # size) → the batch of a step`, and the frozen weights' shapes before they are loaded.
+    sampler: Callable[[Target, int], Sampler] | None = None
+    frozen_shapes: Callable[[Target], PyTree[jax.ShapeDtypeStruct]] | None = None
 
 
 def _toy_batches(seed: int, batch: int, target: Target, run_key: Key[Array, ""]) -> HostBatches:
@@ -51,6 +55,10 @@ def _toy_batches(seed: int, batch: int, target: Target, run_key: Key[Array, ""])
     del seed  # in run_key
     sample = make_sampler(as_toy(target), batch)
     return lambda step: sample(run_key, jnp.asarray(step, jnp.int32))
+
+
+def _toy_sampler(target: Target, batch: int) -> Sampler:
+    return ToySampler(as_toy(target), batch)
 
 
 def _lm_batches(
@@ -84,7 +92,12 @@ class OwnTarget:
     a pure function of the step (S18); the evaluation reads steps counting down from
     `EVAL_FOLD` of `eval_batches` (default: `batches`). `seq_len` fixes the shape of
     sequence-scoped adversarial sources (0: no sequence axis). `known` declares the answer a
-    decomposition should find, for the known-answer metrics and figures (toy models)."""
+    decomposition should find, for the known-answer metrics and figures (toy models).
+
+    `jittable`: `batches` is also a jax function of a traced int32 step (jax.numpy and
+    jax.random, no host data). A single-device run then draws each step's batch inside its step
+    program and takes the steps between logged steps as one call, as it does for pd's toys: no
+    host round trip per step."""
 
     target: Target
     frozen: hk.Params
@@ -92,20 +105,57 @@ class OwnTarget:
     eval_batches: Callable[[int], Batch] | None = None
     seq_len: int = 0
     known: KnownAnswer | None = None
+    jittable: bool = False
+
+
+@dataclass(frozen=True)
+class StepBatches:
+    """A caller's jittable `batches(step)` as the step program's sampler (S18's key is pd's)."""
+
+    batches: Callable[[int], Batch]
+
+    def __call__(self, run_key: Key[Array, ""], step: Int[Array, ""]) -> Batch:
+        del run_key
+        batches = cast(Callable[[Int[Array, ""]], Batch], self.batches)  # traced, as declared
+        return batches(step)
+
+
+def _check_jittable(own: OwnTarget) -> None:
+    """A `jittable` caller's batches trace with a traced step, to `batches(0)`'s shape."""
+    if not own.jittable:
+        return
+    want = jax.eval_shape(lambda: jnp.asarray(own.batches(0)))
+    try:
+        got = jax.eval_shape(StepBatches(own.batches), jax.random.key(0), jnp.int32(0))
+    except Exception as err:  # whatever the caller's function raises under tracing
+        raise ConfigError(
+            f"OwnTarget.jittable is True but batches(step) cannot be traced with a traced step "
+            f"({type(err).__name__}: {str(err).splitlines()[0]}), expected a jax function of the "
+            "step (or jittable=False)"
+        ) from None
+    if (got.shape, got.dtype) != (want.shape, want.dtype):
+        raise ConfigError(
+            f"OwnTarget.jittable is True but batches(step) traced gives {got.dtype}"
+            f"{list(got.shape)} where batches(0) gives {want.dtype}{list(want.shape)}, expected "
+            "the same batch"
+        )
 
 
 def own_kind(own: OwnTarget) -> TargetKind:
     """The kind of a caller's target: nothing to build, load or train."""
     evaluation = own.eval_batches or own.batches
+    sampler = StepBatches(own.batches)  # one object: the run's programs are made for it once
     return TargetKind(
         build=lambda C: own.target,
         seq_len=own.seq_len,
-        check_inputs=lambda: None,
+        check_inputs=partial(_check_jittable, own),
         load_frozen=lambda target: TrainedTarget(own.frozen, 0, float("nan"), from_cache=True),
         batches=lambda seed, batch, target, run_key: own.batches,
         eval_batches=lambda seed, batch, target, run_key: evaluation,
         evaluate=partial(evaluate_masks, known=own.known),
         known=lambda target: own.known,
+        sampler=(lambda target, batch: sampler) if own.jittable else None,
+        frozen_shapes=(lambda target: jax.eval_shape(lambda: own.frozen)) if own.jittable else None,
     )
 
 
@@ -173,7 +223,8 @@ def kind_of(cfg: TargetConfig, own: OwnTarget | None = None) -> TargetKind:
             recipe, state, frozen, run_key, cfg
         ),
         known=lambda target: toy_answer(as_toy(target)),
-        sampled=True,
+        sampler=_toy_sampler,
+        frozen_shapes=lambda target: trained_shapes(as_toy(target)),
     )
 
 

@@ -22,10 +22,10 @@ from pd.log import show_pd_logs
 from pd.shard import ShardingError, initialize_distributed, make_mesh
 from pd.shard.state import frozen_shardings
 from pd.state import TrainState
-from pd.targets.base import Batch, as_toy
+from pd.targets.base import Batch
 from pd.targets.configs import FactoryConfig
 from pd.targets.hf import CheckpointError
-from pd.targets.train import TrainedTarget, trained_shapes
+from pd.targets.train import TrainedTarget
 from pd.train import checkpoint
 from pd.train.ahead import Ahead
 from pd.train.config import ConfigError, RunConfig
@@ -40,6 +40,7 @@ from pd.train.signals import deferred
 from pd.train.sinks import MetricSinks
 from pd.train.step import (
     Recipe,
+    Sampler,
     faith_warmup,
     flat_metrics,
     make_monitor_step,
@@ -103,22 +104,23 @@ def _train(
     sinks: MetricSinks,
     evaluation: Evaluation,
     run_dir: Path,
-    sampled: bool = False,
+    sample: Sampler | None = None,
 ) -> TrainState:
     """The loop from `state.step`: one `device_get` per logged step, sent to `sinks`; the
     evaluation and figures every `train.eval_every` steps; a checkpoint every
     `train.checkpoint_every` steps, at the end, and after the steps in flight when Ctrl-C or
     SIGTERM stops it (`pd.train.signals`).
 
-    With `sampled` (batches drawn on device, toys), the steps up to the next one that is logged,
-    evaluated or checkpointed are one call of `make_train_steps`, which also returns the
-    monitors (SPEC §5) of its last step; otherwise one call a step, and the monitors, which are
-    not trained, only on logged steps, by `make_monitor_step` on that step's batch.
+    With `sample` (batches drawn inside the step program: toys, a caller's jittable ones), the
+    steps up to the next one that is logged, evaluated or checkpointed are one call of
+    `make_train_steps`, which also returns the monitors (SPEC §5) of its last step; otherwise
+    one call a step, and the monitors, which are not trained, only on logged steps, by
+    `make_monitor_step` on that step's batch.
     """
     cfg = recipe.train
-    train_step = None if sampled else make_train_step(recipe, shardings)
-    train_steps = make_train_steps(recipe, cfg.batch) if sampled else None
-    monitor_step = None if sampled else make_monitor_step(recipe)
+    train_step = None if sample is not None else make_train_step(recipe, shardings)
+    train_steps = None if sample is None else make_train_steps(recipe, sample)
+    monitor_step = None if sample is not None else make_monitor_step(recipe)
     every = cfg.checkpoint_every or cfg.steps
     with deferred() as pending:
         first = int(state.step)
@@ -197,16 +199,19 @@ def run(
         set_option("jax_compilation_cache_dir", config.compile.cache_dir)
         set_option("jax_persistent_cache_min_compile_time_secs", config.compile.min_compile_secs)
     init_key, src_key, run_key = key_tree(config.seed)
-    sampled = kind.sampled and mesh is None
+    sample = None  # on a mesh, batches are placed from the host
+    if kind.sampler is not None and mesh is None:
+        sample = kind.sampler(recipe.target, config.train.batch)
     t0 = time.perf_counter()
-    with recording() as compile_times, Ahead(recipe, run_key, mesh, sampled) as ahead:
+    with recording() as compile_times, Ahead(recipe, run_key, mesh, sample) as ahead:
         # While the target trains or loads: the state's initializer, which does not read the
-        # target, and a toy's step program, which reads only its shapes (single-device runs;
-        # on a mesh, a background computation could order collectives unlike another host's).
+        # target, and a step program that draws its batches, which reads only the target's
+        # shapes (single-device runs; on a mesh, a background computation could order
+        # collectives unlike another host's).
         early = mesh is None and not resume
         fresh = ahead.initialize(init_key, src_key) if early else None
-        if early and sampled:
-            ahead.start(trained_shapes(as_toy(recipe.target)), None, restored=False)
+        if early and sample is not None and kind.frozen_shapes is not None:
+            ahead.start(kind.frozen_shapes(recipe.target), None, restored=False)
         try:  # a bad checkpoint stops the run before any folder is made
             trained = kind.load_frozen(recipe.target)
         except CheckpointError as err:
@@ -281,7 +286,7 @@ def run(
                         sinks,
                         evaluation,
                         tmp_dir,
-                        sampled,
+                        sample,
                     )
             finally:
                 checkpoints.close()

@@ -41,7 +41,7 @@ from pd.losses import (
 from pd.precision import compute
 from pd.sites import SiteTable
 from pd.state import Components, TrainState
-from pd.targets.base import Batch, Output, Taps, Target, ToyTarget, as_toy
+from pd.targets.base import Batch, Output, Taps, Target, ToyTarget
 from pd.train.config import LossConfig, ReconTerm, TrainConfig
 from pd.train.optim import ci_optimizer, component_optimizer
 from pd.train.schedule import schedule_value
@@ -339,16 +339,29 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
 StepsFn = Callable[
     [TrainState, hk.Params, Key[Array, ""], Int[Array, ""]], tuple[TrainState, Metrics]
 ]
+# The batch of a step from `(run_key, step)`, traceable: what a run's step program draws itself.
+Sampler = Callable[[Key[Array, ""], Int[Array, ""]], Batch]
 
 
-def steps_fn(recipe: Recipe, batch_size: int) -> StepsFn:
+@dataclass(frozen=True)
+class ToySampler:
+    """S18's batch of a toy target: `sample(batch_key(run_key, step))` (compared by value, so
+    that runs and sweeps of one recipe share the programs that draw it)."""
+
+    target: ToyTarget
+    batch_size: int
+
+    def __call__(self, run_key: Key[Array, ""], step: Int[Array, ""]) -> Batch:
+        return self.target.sample(batch_key(run_key, step), self.batch_size)
+
+
+def steps_fn(recipe: Recipe, sample: Sampler) -> StepsFn:
     """`train_steps(state, frozen, run_key, n ≥ 1)` before jit: `n` training steps (a traced
-    count, so one program serves every n) that draw each step's batch themselves, S18's
-    `sample(batch_key(run_key, step))` of a toy target; the metrics are the last step's, with
-    the monitors (SPEC §5) of the state it leaves on its batch, as a run logs them: in the same
-    program, so a toy run compiles no program of its own for them."""
+    count, so one program serves every n) that draw each step's batch themselves,
+    `sample(run_key, step)`; the metrics are the last step's, with the monitors (SPEC §5) of the
+    state it leaves on its batch, as a run logs them: in the same program, so such a run
+    compiles no program of its own for them."""
     one_step = step_fn(recipe)
-    target = as_toy(recipe.target)
 
     def train_steps(
         state: TrainState, frozen: hk.Params, run_key: Key[Array, ""], n: Int[Array, ""]
@@ -357,8 +370,7 @@ def steps_fn(recipe: Recipe, batch_size: int) -> StepsFn:
             i: Int[Array, ""], carry: tuple[TrainState, Metrics]
         ) -> tuple[TrainState, Metrics]:
             state = carry[0]
-            x = target.sample(batch_key(run_key, state.step), batch_size)
-            return one_step(state, frozen, x, run_key)
+            return one_step(state, frozen, sample(run_key, state.step), run_key)
 
         shapes = jax.eval_shape(lambda s: body(jnp.int32(0), (s, {})), state)[1]
         # Zeros made from the state, so they vary wherever it does (a sweep's members inside
@@ -366,18 +378,19 @@ def steps_fn(recipe: Recipe, batch_size: int) -> StepsFn:
         zero = state.step * 0
         metrics = jax.tree.map(lambda a: jnp.broadcast_to(zero.astype(a.dtype), a.shape), shapes)
         state, metrics = jax.lax.fori_loop(0, n, body, (state, metrics))
-        x = target.sample(batch_key(run_key, state.step - 1), batch_size)  # the last step's
+        x = sample(run_key, state.step - 1)  # the last step's
         return state, metrics | state_monitors(recipe, state, frozen, x)
 
     return train_steps
 
 
 @one_per_value
-def make_train_steps(recipe: Recipe, batch_size: int) -> StepsFn:
-    """One jitted `steps_fn`: a toy run takes the steps between two logged steps as one call,
-    with no host round trip per step (README, "Where a toy step's time goes")."""
+def make_train_steps(recipe: Recipe, sample: Sampler) -> StepsFn:
+    """One jitted `steps_fn`: a run whose batches a step can draw (a toy's, or a caller's
+    jittable ones) takes the steps between two logged steps as one call, with no host round
+    trip per step (README, "Where a toy step's time goes")."""
     steps: StepsFn = jax.jit(
-        steps_fn(recipe, batch_size),
+        steps_fn(recipe, sample),
         donate_argnums=0,
         compiler_options=compiler_options(recipe.ci_fn),
     )
@@ -405,15 +418,9 @@ def batch_key(run_key: Key[Array, ""], step: int | Int[Array, ""]) -> Key[Array,
 
 
 @one_per_value
-def make_sampler(
-    target: ToyTarget, batch_size: int
-) -> Callable[[Key[Array, ""], Int[Array, ""]], Batch]:
+def make_sampler(target: ToyTarget, batch_size: int) -> Sampler:
     """The jitted batch of a step: a pure function of `(run_key, step)` (S18)."""
-
-    def sample_batch(run_key: Key[Array, ""], step: Int[Array, ""]) -> Batch:
-        return target.sample(batch_key(run_key, step), batch_size)
-
-    fn: Callable[[Key[Array, ""], Int[Array, ""]], Batch] = jax.jit(sample_batch)
+    fn: Sampler = jax.jit(ToySampler(target, batch_size))
     return fn
 
 

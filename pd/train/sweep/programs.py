@@ -19,7 +19,15 @@ from pd.train.config import ConfigError, RunConfig
 from pd.train.init_state import initial_state
 from pd.train.kinds import TargetKind, kind_of
 from pd.train.recipe import make_recipe
-from pd.train.step import Metrics, Recipe, faith_warmup, state_monitors, step_fn, steps_fn
+from pd.train.step import (
+    Metrics,
+    Recipe,
+    Sampler,
+    faith_warmup,
+    state_monitors,
+    step_fn,
+    steps_fn,
+)
 from pd.train.sweep.spec import Member, SweepSpec
 from pd.xla import compiler_options, init_options
 
@@ -37,9 +45,11 @@ class Group:
     kinds: tuple[TargetKind, ...]
 
     @property
-    def toy(self) -> bool:
-        """Toy batches are drawn on device, inside the program (S18); others come from the host."""
-        return self.kinds[0].sampled
+    def sampler(self) -> Sampler | None:
+        """Where the program draws the members' batches (toys: S18); else they come from the
+        host."""
+        sampler = self.kinds[0].sampler
+        return None if sampler is None else sampler(self.recipe.target, self.recipe.train.batch)
 
 
 def static_config(config: RunConfig) -> RunConfig:
@@ -140,8 +150,8 @@ def make_programs(group: Group, mesh: Mesh, stacked_frozen: bool) -> Programs:
         return state_monitors(recipe, state, frozen, x)  # as `pd.train.run` computes them
 
     steps = monitors = None
-    if group.toy:
-        steps_of_one = steps_fn(recipe, recipe.train.batch)
+    if (sample := group.sampler) is not None:
+        steps_of_one = steps_fn(recipe, sample)
         steps = per_member(steps_of_one, mesh, options, (MEMBERS, frozen, MEMBERS, SHARED), True)
     else:
         monitors = per_member(monitor_step, mesh, options, (MEMBERS, frozen, MEMBERS))
