@@ -97,7 +97,8 @@ class OwnTarget:
     `jittable`: `batches` is also a jax function of a traced int32 step (jax.numpy and
     jax.random, no host data). A single-device run then draws each step's batch inside its step
     program and takes the steps between logged steps as one call, as it does for pd's toys: no
-    host round trip per step."""
+    host round trip per step. Arrays it closes over become constants of that program (S18
+    keeps the frozen weights out of it): a key or a small table, not a dataset."""
 
     target: Target
     frozen: hk.Params
