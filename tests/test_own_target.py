@@ -20,7 +20,7 @@ from pd.targets.haiku import haiku_target
 from pd.targets.train import load_or_train
 from pd.train import KnownAnswer, OwnTarget, load_config, run
 from pd.train.config import ConfigError
-from pd.train.step import make_sampler
+from pd.train.step import make_sampler, make_train_step, make_train_steps
 
 N = 8  # sparse features in, N outputs
 
@@ -49,7 +49,8 @@ def test_a_users_haiku_mlp_is_decomposed_through_run(tmp_path: Path) -> None:
             "loss.importance=1e-5",
         ],
     )
-    result = run(config, tmp_path / "own", own=OwnTarget(target, params, sparse))
+    own = OwnTarget(target, params, sparse, jittable=True)
+    result = run(config, tmp_path / "own", own=own)
     folder = tmp_path / "own"
     for name in ("metrics.jsonl", "summary.json", "decomposition.npz", "ci_sequence.png"):
         assert (folder / name).is_file(), name
@@ -62,6 +63,23 @@ def test_a_users_haiku_mlp_is_decomposed_through_run(tmp_path: Path) -> None:
     assert summary["mse/ci_masked"] < 0.2 * summary["mse/zero_masked"], summary
     assert summary["mse/unmasked"] < 0.2 * summary["mse/zero_masked"], summary
     assert "identity_ci_error_0.1/mlp/~/linear_0" not in summary  # no known answer declared
+
+    # `jittable`: the run drew `sparse(step)` inside `train_steps` (compiled once, no program
+    # per step), and three more of its steps equal three `train_step` calls given the batches,
+    # as a run takes them when its batches are not declared jittable (1e-5).
+    programs = result.compile_times.by_name
+    assert programs["train_steps"]["compiles"] == 1 and "train_step" not in programs
+    assert result.kind.sampler is not None
+    sample = result.kind.sampler(result.recipe.target, config.train.batch)
+    steps = make_train_steps(result.recipe, sample)  # the run's own program
+    one, run_key = make_train_step(result.recipe), key_tree(config.seed)[2]
+    drawn = steps(jax.tree.map(jnp.copy, result.state), params, run_key, jnp.int32(3))[0]
+    given = jax.tree.map(jnp.copy, result.state)
+    for s in range(1000, 1003):
+        given = one(given, params, sparse(s), run_key)[0]
+    assert int(drawn.step) == int(given.step) == 1003
+    for a, b in zip(jax.tree.leaves(drawn), jax.tree.leaves(given), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
 
 
 def test_a_target_factory_named_in_the_config_is_run_and_loaded(tmp_path: Path) -> None:
@@ -100,36 +118,6 @@ def test_a_target_given_in_python_is_given_again_to_load(tmp_path: Path) -> None
     other = jax.tree.map(lambda a: a + 1.0, params)
     with pytest.raises(ValueError, match=r"frozen weights .* are not the ones"):
         pd.load(tmp_path / "given", own=dataclasses.replace(own, frozen=other))
-
-
-def test_jittable_batches_are_drawn_inside_the_step_program(tmp_path: Path) -> None:
-    """`OwnTarget(jittable=True)`: the run draws `batches(step)` inside `train_steps`, the steps
-    between logged steps as one call (compiled once, no per-step `train_step`), to the same
-    decomposition as the step-by-step loop that is given each batch (1e-5)."""
-    params = hk.transform(mlp).init(jax.random.key(0), sparse(0))
-    target = haiku_target(mlp, params, sparse(0), {"mlp/~/linear_*": 6})
-    short = [
-        "train.steps=12",
-        "train.log_every=5",
-        "train.faith_warmup_steps=2",
-        "eval.figures=false",
-    ]
-    config = load_config("tms_5-2", [*short, "eval.n_samples=256", "eval.batch=256"])
-    results = {
-        jittable: run(
-            config,
-            tmp_path / f"j{jittable}",
-            own=OwnTarget(target, params, sparse, jittable=jittable),
-        )
-        for jittable in (False, True)
-    }
-    programs = {j: r.compile_times.by_name for j, r in results.items()}
-    assert programs[True]["train_steps"]["compiles"] == 1 and "train_step" not in programs[True]
-    assert "train_steps" not in programs[False] and programs[False]["train_step"]["compiles"] == 1
-    leaves = [jax.tree.leaves(results[j].state) for j in (False, True)]
-    assert int(results[True].state.step) == 12
-    for a, b in zip(*leaves, strict=True):
-        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
 
 
 def test_batches_declared_jittable_that_do_not_trace_stop_before_any_compile(
