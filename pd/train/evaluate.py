@@ -132,7 +132,7 @@ def known_answer_metrics(
 ) -> dict[str, float]:
     """The CI errors on one-hot probes, and MMCS / ML2R of the feature sites (SPEC §13);
     `site_max` is each site's max CI over the evaluation data (who is alive)."""
-    table, summary = recipe.table, {}
+    summary: dict[str, float] = {}
     probes = probe_ci(recipe, state.ci_params, state.components, frozen, known.n_features)
     for name, ci in probes.items():
         k = known.dense_sites.get(name)
@@ -141,16 +141,26 @@ def known_answer_metrics(
                 summary[f"identity_ci_error_{tol}/{name}"] = float(identity_ci_error(ci, tol))
             else:
                 summary[f"dense_ci_error_{tol}/{name}"] = float(dense_ci_error(ci, k, tol))
-    weights = site_weights(table, jax.device_get(recipe.target.weights(frozen)))
-    comps = (
-        table.views(jax.device_get(state.components.V)),
-        table.views(jax.device_get(state.components.U)),
-    )
+    W, V, U = host_site_arrays(recipe, state.components, frozen)
     for name in known.feature_sites:
-        W, V, U = weights[name], comps[0][name], comps[1][name]
         alive = site_max[name] > ALIVE_THRESHOLD
-        summary[f"mmcs/{name}"], summary[f"ml2r/{name}"] = mmcs_ml2r(W, V, U, alive)
+        summary[f"mmcs/{name}"], summary[f"ml2r/{name}"] = mmcs_ml2r(
+            W[name], V[name], U[name], alive
+        )
     return summary
+
+
+SiteArrays = dict[str, Float[np.ndarray, "_d_in _d_out"]]
+
+
+def host_site_arrays(
+    recipe: Recipe, comps: Components, frozen: hk.Params
+) -> tuple[SiteArrays, SiteArrays, SiteArrays]:
+    """Each site's frozen weight W and its components V and U on the host, fetched in one
+    transfer: slicing host arrays per site runs no device op (each would be a compile)."""
+    W, V, U = jax.device_get((recipe.target.weights(frozen), comps.V, comps.U))
+    table = recipe.table
+    return site_weights(table, W), table.views(V), table.views(U)
 
 
 def accumulate(

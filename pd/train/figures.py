@@ -14,10 +14,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from pd.decompose import site_weights
 from pd.state import Components, TrainState
 from pd.targets.base import Batch, ToyTarget
-from pd.train.evaluate import ALIVE_THRESHOLD, KnownAnswer, probe_ci
+from pd.train.evaluate import ALIVE_THRESHOLD, KnownAnswer, host_site_arrays, probe_ci
 from pd.train.kinds import Labels
 from pd.train.step import Recipe, ci_program
 
@@ -56,8 +55,7 @@ def _components(
 ) -> None:
     """Rank-1 piece norms per site; for 2-d TMS hidden spaces, feature directions as arrows."""
     table = recipe.table
-    V, U = table.views(jax.device_get(comps.V)), table.views(jax.device_get(comps.U))
-    weights = site_weights(table, jax.device_get(recipe.target.weights(frozen)))
+    weights, V, U = host_site_arrays(recipe, comps, frozen)
     arrows = [n for n in known.feature_sites if weights[n].shape[1] == 2]
     n_cols = len(table.names) + len(arrows)
     fig = Figure(figsize=(4 * n_cols, 3.5))
