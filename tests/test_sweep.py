@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import pd
-from pd.train import load_config, run
+from pd.testing import tiny_target
+from pd.train import OwnTarget, load_config, run
 from pd.train.__main__ import main
 from pd.train.config import ConfigError
 from pd.train.rundir import MARKER
@@ -103,28 +104,30 @@ def test_the_sweep_folder_holds_a_run_folder_per_member_and_the_table(
 def test_the_cli_sweeps_over_the_devices_and_a_grid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Two seeds × two importance coefficients: two groups, each spread over the (simulated)
-    devices; one folder per member, the table on stdout; `train.eval_every` evaluates each
-    member during training, as a run does."""
+    """Two seeds × two learning rates: two groups, each spread over the (simulated) devices; one
+    folder per member, the table on stdout; `train.eval_every` evaluates each member during
+    training, as a run does. The second rate makes the loss non-finite: its members are in the
+    table with the sentence a run stops with, and get no folder."""
     sets = [a for t in [*TINY, "train.eval_every=4"] for a in ("--set", t)]
     out = tmp_path / "grid"
-    argv = ["sweep", "tms_5-2", "--seeds", "0-1", "--grid", "loss.importance=[1e-3,3e-3]"]
+    argv = ["sweep", "tms_5-2", "--seeds", "0-1", "--grid", "train.lr.start=[1e-3,1e30]"]
     assert main([*argv, *sets, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "recovered" in printed and "sweep folder:" in printed
-    groups = sorted(p.name for p in out.iterdir() if p.is_dir())
-    assert groups == ["loss.importance=0.001", "loss.importance=0.003"]
-    for group, value in zip(groups, (1e-3, 3e-3), strict=True):
-        for seed in (0, 1):
-            member_dir = out / group / f"seed-{seed}"
-            for name in RUN_FILES:
-                assert (member_dir / name).is_file(), (member_dir, name)
-            config = json.loads((member_dir / "config.json").read_text())
-            assert config["loss"]["importance"] == value and config["seed"] == seed
-            evaluated = [r["step"] for r in _rows(member_dir) if "eval/alive/linear1" in r]
-            assert evaluated == [0, 4]  # as `run` evaluates: every 4 steps, not the last
+    assert printed.count("training diverged at step ") == 2
+    assert not any((out / "train.lr.start=1e+30" / f"seed-{seed}").exists() for seed in (0, 1))
+    for seed in (0, 1):
+        member_dir = out / "train.lr.start=0.001" / f"seed-{seed}"
+        for name in RUN_FILES:
+            assert (member_dir / name).is_file(), (member_dir, name)
+        config = json.loads((member_dir / "config.json").read_text())
+        assert config["train"]["lr"]["start"] == 1e-3 and config["seed"] == seed
+        evaluated = [r["step"] for r in _rows(member_dir) if "eval/alive/linear1" in r]
+        assert evaluated == [0, 4]  # as `run` evaluates: every 4 steps, not the last
     record = json.loads((out / "sweep.json").read_text())
-    assert len(record["members"]) == 4
+    assert [bool(m["diverged"]) for m in record["members"]] == [False, False, True, True]
+    for m in record["members"][2:]:
+        assert m["recovered"] is False and m["diverged"].startswith("training diverged at step ")
 
 
 def test_a_member_with_its_own_target_follows_its_run_alone(tmp_path: Path) -> None:
@@ -142,17 +145,36 @@ def test_a_member_with_its_own_target_follows_its_run_alone(tmp_path: Path) -> N
     _assert_close(b.state, alone.state)
 
 
-def test_diverged_members_are_reported_and_get_no_folder(tmp_path: Path) -> None:
-    """A group whose learning rate makes the loss non-finite: its members are in the table with
-    the sentence a run stops with; the other group's members are written as usual."""
-    spec = load_sweep("tms_5-2", [0], TINY, ["train.lr.start=[1e-3,1e30]"])
-    result = sweep(spec, tmp_path / "sweep")
-    fine, diverged = result.members
-    assert fine.run_dir is not None and fine.run_dir.is_dir() and not fine.diverged
-    assert diverged.run_dir is None and diverged.recovered is False
-    assert diverged.diverged.startswith("training diverged at step ")
-    assert not (tmp_path / "sweep" / diverged.member.name).exists()
-    assert "training diverged at step " in result.table()
+def jittable_tiny_target() -> OwnTarget:
+    """`pd.testing.tiny_target` with its batches declared jittable: a factory for the test below
+    (pytest puts tests/ on the path, so `test_sweep:jittable_tiny_target` imports)."""
+    return dataclasses.replace(tiny_target(), jittable=True)
+
+
+def test_a_sweep_of_a_callers_target_factory_follows_its_runs_alone(tmp_path: Path) -> None:
+    """A grid over two factories of one caller's MLP, two seeds each: the batches come from the
+    host a step at a time, or are drawn inside the sweep's program (`jittable`). Each member
+    equals its twin in the other group and the first group's second member its run alone, to
+    1e-5."""
+    short = ["train.steps=6", "train.log_every=2", "train.faith_warmup_steps=2"]
+    evaluation = ["eval.n_samples=128", "eval.batch=64", "eval.figures=false"]
+    factories = '["pd.testing:tiny_target","test_sweep:jittable_tiny_target"]'
+    spec = load_sweep(
+        "tms_5-2",
+        [0, 1],
+        ['target={factory="pd.testing:tiny_target"}', *short, *evaluation],
+        [f"target.factory={factories}"],
+    )
+    result = sweep(spec, tmp_path / "sweep", members_per_program=2, devices=jax.devices()[:1])
+    programs = result.compile_times.by_name
+    assert programs["train_step"]["compiles"] == programs["train_steps"]["compiles"] == 1
+    host, drawn = result.members[:2], result.members[2:]
+    for a, b in zip(host, drawn, strict=True):
+        assert a.member.config.seed == b.member.config.seed and int(a.state.step) == 6
+        _assert_close(a.state, b.state)
+    alone = run(host[1].member.config, tmp_path / "alone")
+    _assert_close(host[1].state, alone.state)
+    assert not np.allclose(np.asarray(host[0].state.components.V[0]), alone.state.components.V[0])
 
 
 @pytest.mark.parametrize("spec", ["5-2", "a", "1,,2", "0-3,2", "", "-1", "1-", "٣"])

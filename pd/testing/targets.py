@@ -9,7 +9,7 @@ from functools import partial
 import haiku as hk
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from pd.targets.base import Target
 from pd.targets.configs import TMSConfig
@@ -67,10 +67,10 @@ TINY_FEATURES = 8
 
 
 def sparse_features(
-    step: int, batch: int = 64, n: int = TINY_FEATURES, p: float = 0.1
+    step: int | Int[Array, ""], batch: int = 64, n: int = TINY_FEATURES, p: float = 0.1
 ) -> Float[Array, "B n"]:
     """`batch` examples of `n` features, each present with probability `p` and then uniform in
-    [0, 1]: a pure function of `step`."""
+    [0, 1]: a pure function of `step`, a Python int or a traced one (`OwnTarget.jittable`)."""
     key = jax.random.fold_in(jax.random.key(7), step)
     on = jax.random.bernoulli(jax.random.fold_in(key, 0), p, (batch, n))
     return jnp.where(on, jax.random.uniform(jax.random.fold_in(key, 1), (batch, n)), 0.0)
