@@ -1,5 +1,6 @@
 """`sweep`: every group's members trained chunk by chunk, each member's run folder written."""
 
+import contextlib
 import logging
 import shutil
 import time
@@ -84,8 +85,11 @@ def _train_chunk(chunk: Chunk, tmp_dir: Path, sweep_dir: Path, t0: float) -> lis
     results = []
     for i, (member, folder) in enumerate(zip(members, folders, strict=True)):
         state, trained = member_state(host, i), chunk.trained[i]
-        if diverged[i]:  # no folder: nothing that looks like a result
+        if diverged[i]:  # no folder, nor an empty grid point's: nothing that looks like a result
             shutil.rmtree(folder)
+            for parent in folder.relative_to(tmp_dir).parents[:-1]:
+                with contextlib.suppress(OSError):  # not empty: another member's folder is there
+                    (tmp_dir / parent).rmdir()
             results.append(MemberResult(member, None, {}, state, trained.params, diverged[i]))
             log.warning("member %s: %s", member.name, diverged[i])
             continue
