@@ -354,6 +354,7 @@ def test_a_language_model_run_from_a_token_file(lm_runs: LMRuns) -> None:
     # the same devices in this process, compiled none: it called the whole run's programs.
     compiled = json.loads((lm_runs.whole.run_dir / "compile.json").read_text())
     resumed = json.loads((lm_runs.resumed.run_dir / "compile.json").read_text())
+    assert "init_train_state" in compiled
     for jit_name in ("train_step", "monitor_step", "eval_step"):
         assert compiled[jit_name]["compiles"] == 1, jit_name
         assert resumed.get(jit_name, {"compiles": 0})["compiles"] == 0, jit_name
