@@ -52,8 +52,17 @@ class SweepResult:
         return sum(m.recovered is True for m in self.members)
 
     def table(self) -> str:
-        """One row per member: recovered, CI errors, MMCS, CI-L0; then the count recovered."""
-        families = ("identity_ci_error_0.1/", "dense_ci_error_0.1/", "mmcs/", "ci_l0/")
+        """One row per member: recovered, CI errors, MMCS, the divergence under CI masks (targets
+        evaluated by `pd.train.evaluate_masks`: a caller's own, language models), CI-L0; then
+        the count recovered."""
+        families = (
+            "identity_ci_error_0.1/",
+            "dense_ci_error_0.1/",
+            "mmcs/",
+            "mse/ci_masked",
+            "kl/ci_masked",
+            "ci_l0/",
+        )
         keys = sorted(
             {k for m in self.members for k in m.summary if k.startswith(families)},
             key=lambda k: (next(i for i, f in enumerate(families) if k.startswith(f)), k),
