@@ -74,10 +74,11 @@ def _lm(overrides: list[str] | None = None) -> tuple[RunConfig, Recipe]:
 
 
 @functools.cache
-def _frozen(target: Llama) -> hk.Params:
-    """Randomly initialized frozen weights (no training), made once per target: haiku's init op
+def _frozen(recipe: Recipe) -> hk.Params:
+    """Randomly initialized frozen weights (no training), made once per recipe: haiku's init op
     by op took 9 s here, its program 4."""
-    params: hk.Params = jax.jit(target.init)(jax.random.key(7))
+    assert isinstance(recipe.target, Llama)
+    params: hk.Params = jax.jit(recipe.target.init)(jax.random.key(7))
     return params
 
 
@@ -203,8 +204,7 @@ def _state_and_batch(
     weights, its initial state and its first batch."""
     if preset == "tiny_llama":
         config, recipe = _lm(overrides)
-        assert isinstance(recipe.target, Llama)
-        frozen = _frozen(recipe.target)
+        frozen = _frozen(recipe)
     else:
         config = load_config(preset, overrides)
         recipe = make_recipe(config)
@@ -312,8 +312,7 @@ def _trajectory(config: RunConfig, recipe: Recipe, frozen: hk.Params) -> list[di
 def test_d4_three_steps_on_1_and_4_devices_agree(lm_runs: LMRuns) -> None:
     config1, recipe = _lm(lm_runs.overrides)
     config4, recipe4 = _lm([*lm_runs.overrides, "mesh.data=4"])
-    assert isinstance(recipe.target, Llama)
-    frozen = _frozen(recipe.target)
+    frozen = _frozen(recipe)
     assert config1.loss.adversary.scope == "bsc"
     one = _trajectory(config1, recipe, frozen)
     four = _trajectory(config4, recipe4, frozen)
