@@ -3,11 +3,13 @@ member plus the summary table, and bad `--seeds` or `--grid` specs are one sente
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from test_lm_recipe import TINY_LM
 
 import pd
 from pd.testing import tiny_target
@@ -176,6 +178,23 @@ def test_a_sweep_of_a_callers_target_factory_follows_its_runs_alone(tmp_path: Pa
     alone = run(host[1].member.config, tmp_path / "alone")
     _assert_close(host[1].state, alone.state)
     assert not np.allclose(np.asarray(host[0].state.components.V[0]), alone.state.components.V[0])
+
+
+def test_a_language_model_sweep_follows_its_runs_alone(tmp_path: Path) -> None:
+    """Two seeds of a tiny language model, one on each of two devices: each member draws its
+    own token windows from the host, the second equals its run alone to 1e-5, and the table
+    gives each seed's KL under CI masks."""
+    kinds = ['target.kinds=["q","down"]', "train.steps=4", "train.log_every=2"]
+    spec = seed_sweep(load_config("tiny_llama", [*TINY_LM, *kinds]), [0, 1])
+    result = sweep(spec, tmp_path / "sweep", members_per_program=2, devices=jax.devices()[:2])
+    assert "kl/ci_masked" in result.table().splitlines()[0]
+    for member in result.members:
+        assert member.run_dir is not None and (member.run_dir / "decomposition.npz").is_file()
+        assert math.isfinite(member.summary["kl/ci_masked"]) and int(member.state.step) == 4
+    first, second = result.members
+    alone = run(second.member.config, tmp_path / "alone")
+    _assert_close(second.state, alone.state)
+    assert not np.allclose(np.asarray(first.state.components.V[0]), alone.state.components.V[0])
 
 
 @pytest.mark.parametrize("spec", ["5-2", "a", "1,,2", "0-3,2", "", "-1", "1-", "٣"])
