@@ -16,8 +16,6 @@ import os
 import shutil
 import tempfile
 
-import pytest
-
 pytest_plugins = ["pd.testing.plugin"]
 
 _compile_cache = ""
@@ -28,6 +26,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
+def pytest_unconfigure() -> None:
     if _compile_cache:  # only in the process that made it: the controller, or a lone process
         shutil.rmtree(_compile_cache, ignore_errors=True)

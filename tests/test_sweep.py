@@ -17,7 +17,7 @@ from pd.train import OwnTarget, load_config, run
 from pd.train.__main__ import main
 from pd.train.config import ConfigError
 from pd.train.rundir import MARKER
-from pd.train.sweep import SweepResult, load_sweep, parse_seeds, seed_sweep, sweep
+from pd.train.sweep import MemberResult, SweepResult, load_sweep, parse_seeds, seed_sweep, sweep
 
 TINY = [
     "train.steps=6",
@@ -43,6 +43,13 @@ def _rows(folder: Path) -> list[dict[str, float]]:
 def _assert_close(a: object, b: object) -> None:
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+
+
+def _follows_its_run_alone(member: MemberResult, other: MemberResult, tmp_path: Path) -> None:
+    """`member` equals `run` of its config to 1e-5, and `other` (another seed) does not."""
+    alone = run(member.member.config, tmp_path / "alone")
+    _assert_close(member.state, alone.state)
+    assert not np.allclose(np.asarray(other.state.components.V[0]), alone.state.components.V[0])
 
 
 @pytest.fixture(scope="module")
@@ -175,9 +182,7 @@ def test_a_sweep_of_a_callers_target_factory_follows_its_runs_alone(tmp_path: Pa
     for a, b in zip(host, drawn, strict=True):
         assert a.member.config.seed == b.member.config.seed and int(a.state.step) == 6
         _assert_close(a.state, b.state)
-    alone = run(host[1].member.config, tmp_path / "alone")
-    _assert_close(host[1].state, alone.state)
-    assert not np.allclose(np.asarray(host[0].state.components.V[0]), alone.state.components.V[0])
+    _follows_its_run_alone(host[1], other=host[0], tmp_path=tmp_path)
 
 
 def test_a_language_model_sweep_follows_its_runs_alone(tmp_path: Path) -> None:
@@ -192,9 +197,7 @@ def test_a_language_model_sweep_follows_its_runs_alone(tmp_path: Path) -> None:
         assert member.run_dir is not None and (member.run_dir / "decomposition.npz").is_file()
         assert math.isfinite(member.summary["kl/ci_masked"]) and int(member.state.step) == 4
     first, second = result.members
-    alone = run(second.member.config, tmp_path / "alone")
-    _assert_close(second.state, alone.state)
-    assert not np.allclose(np.asarray(first.state.components.V[0]), alone.state.components.V[0])
+    _follows_its_run_alone(second, other=first, tmp_path=tmp_path)
 
 
 @pytest.mark.parametrize("spec", ["5-2", "a", "1,,2", "0-3,2", "", "-1", "1-", "٣"])
