@@ -14,12 +14,14 @@ uses pd. Opt in from the top `conftest.py`:
 - registers the hypothesis profiles `ci` (10 examples, derandomized, no deadline) and `dev`
   (25 examples, no deadline), replacing profiles of those names, and loads `ci` when `$CI` is
   set, else `$HYPOTHESIS_PROFILE` or `dev`; `--hypothesis-profile=NAME` picks another;
-- points `PD_CACHE_DIR` (targets pd trains in-process) at a fresh temporary folder, unless set.
+- points `PD_CACHE_DIR` (targets pd trains in-process) at a fresh temporary folder, unless set;
+  the process that made the folder removes it when the session ends (a folder you set is kept).
 
 Fixtures: `tiny_target`, a small haiku MLP as a `pd.train.kinds.OwnTarget`.
 """
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -103,10 +105,21 @@ def use_profiles() -> None:
     )
 
 
+_private_cache: list[str] = []  # the folder this process made, if it made one
+
+
 def use_private_cache() -> None:
-    """Targets pd trains in-process go to a fresh temporary folder, unless `PD_CACHE_DIR` is set."""
+    """Targets pd trains in-process go to a fresh temporary folder, unless `PD_CACHE_DIR` is set
+    (xdist workers and subprocesses inherit the controller's)."""
     if "PD_CACHE_DIR" not in os.environ:
-        os.environ["PD_CACHE_DIR"] = tempfile.mkdtemp(prefix="pd-test-cache-")
+        _private_cache.append(tempfile.mkdtemp(prefix="pd-test-cache-"))
+        os.environ["PD_CACHE_DIR"] = _private_cache[-1]
+
+
+def pytest_unconfigure() -> None:
+    """Remove the private target cache at the end of the session that made it."""
+    for folder in _private_cache:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 use_cpu()
