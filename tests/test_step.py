@@ -244,3 +244,31 @@ def test_the_initializers_compile_options_draw_the_same_state() -> None:
     default = jax.jit(lambda a, b: initial_state(recipe, a, b))(init_key, src_key)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(default), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_steps_compile_options_take_the_same_steps() -> None:
+    """On a CPU the step programs are compiled with 512-bit vectors and, for a per-subcomponent
+    CI function, YNNPACK for dots only (`pd.xla.compiler_options`), for speed alone: five steps
+    give the bits of the same compile with XLA's 256-bit vectors, and XLA's default compile's
+    state and metrics to float32 rounding."""
+    from pd.train.step import step_fn
+    from pd.xla import compiler_options
+
+    config = load_config("tms_5-2", ["ci_fn=mlp", "train.batch=64", "train.faith_warmup_steps=0"])
+    recipe = make_recipe(config)
+    ours = compiler_options(recipe.ci_fn)
+    assert set(ours) == {"xla_cpu_prefer_vector_width", "xla_cpu_experimental_ynn_fusion_type"}
+    toy = as_toy(recipe.target)
+    frozen = toy.expand(toy.init_train(jax.random.key(0)))
+    init_key, src_key, run_key = key_tree(0)
+    sample = make_sampler(toy, 64)
+    runs = []
+    for options in (ours, ours | {"xla_cpu_prefer_vector_width": "256"}, {}):
+        step = jax.jit(step_fn(recipe), compiler_options=options)
+        state = init_train_state(recipe, init_key, src_key)
+        for s in range(5):
+            state, metrics = step(state, frozen, sample(run_key, jnp.asarray(s)), run_key)
+        runs.append(jax.tree.leaves((state, metrics)))
+    for a, narrow, default in zip(*runs, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(narrow))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(default), rtol=1e-5, atol=1e-7)
