@@ -25,19 +25,9 @@ def _session(tmp_path: Path, cache: Path | None) -> Path:
     seen = tmp_path / "seen.txt"
     env = {k: v for k, v in os.environ.items() if k != "PD_CACHE_DIR"}
     env |= {"SEEN": str(seen)} | ({} if cache is None else {"PD_CACHE_DIR": str(cache)})
-    argv = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "pd.testing.plugin",
-        "-p",
-        "no:cacheprovider",
-    ]
-    done = subprocess.run(
-        [*argv, "-p", "no:xdist", str(tmp_path)], env=env, cwd=tmp_path, capture_output=True
-    )
+    plugins = ["-p", "pd.testing.plugin", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    argv = [sys.executable, "-m", "pytest", "-q", *plugins, str(tmp_path)]
+    done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True)
     assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
     return Path(seen.read_text())
 
