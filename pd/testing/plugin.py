@@ -105,21 +105,22 @@ def use_profiles() -> None:
     )
 
 
-_private_cache: list[str] = []  # the folder this process made, if it made one
+_private_cache = ""  # the folder this process made, if it made one
 
 
 def use_private_cache() -> None:
     """Targets pd trains in-process go to a fresh temporary folder, unless `PD_CACHE_DIR` is set
     (xdist workers and subprocesses inherit the controller's)."""
+    global _private_cache
     if "PD_CACHE_DIR" not in os.environ:
-        _private_cache.append(tempfile.mkdtemp(prefix="pd-test-cache-"))
-        os.environ["PD_CACHE_DIR"] = _private_cache[-1]
+        _private_cache = tempfile.mkdtemp(prefix="pd-test-cache-")
+        os.environ["PD_CACHE_DIR"] = _private_cache
 
 
 def pytest_unconfigure() -> None:
     """Remove the private target cache at the end of the session that made it."""
-    for folder in _private_cache:
-        shutil.rmtree(folder, ignore_errors=True)
+    if _private_cache:
+        shutil.rmtree(_private_cache, ignore_errors=True)
 
 
 use_cpu()
