@@ -1,9 +1,9 @@
 """The XLA compile options of pd's step programs, and one program per recipe in a process.
 
 On a CPU, XLA asks LLVM for 256-bit vectors by default. pd's step programs ask for 512: the
-toy presets' steps were 3–12 % faster (tiny_llama's about 5 %) with the same bits (tiny_llama:
-within 6e-8), on AVX-512 and, with `xla_cpu_max_isa = "AVX2"` (where a 512-bit vector is two
-256-bit ones), on AVX2 code too. README, "Where a toy step's time goes".
+toy presets' steps were 3–12 % faster (tiny_llama's about 5 %) with the same steps to float32
+rounding (`tests/test_step.py`), on AVX-512 and, with `xla_cpu_max_isa = "AVX2"` (where a
+512-bit vector is two 256-bit ones), on AVX2 code too. README, "Where a toy step's time goes".
 
 XLA also hands reductions to YNNPACK by default. The per-subcomponent CI networks (`mlp`,
 `vector_mlp`) sum `[B, C, hidden]` arrays over the hidden units and, for their weight

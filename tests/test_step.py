@@ -1,6 +1,9 @@
 """§7/§8: the clip (S19), AdamW without weight decay (S19/S20), the faithfulness warmup (S21),
 CI parameters per site from the key tree (I1), and the gradient through the single CI pass."""
 
+from collections.abc import Callable
+
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +12,7 @@ import pytest
 
 from pd import precision
 from pd.ci import PerSiteCI
-from pd.ci.mlp import site_ci_transform
+from pd.ci.mlp import PerSiteCIKind, site_ci_transform
 from pd.init import init_ci_fn, init_vu, key_tree
 from pd.losses import faithfulness
 from pd.state import Components
@@ -112,6 +115,42 @@ def test_ci_kinds_shapes_and_init_scales(kind: str) -> None:
         name = jax.tree_util.keystr(leaf_path)
         if "'b" in name:
             assert float(jnp.abs(leaf).max()) == 0.0, name  # zero biases
+
+
+@pytest.mark.parametrize("kind", ["mlp", "vector_mlp"])
+@pytest.mark.parametrize("widths", [(16,), (8, 16)])
+def test_per_subcomponent_mlps_compute_the_plain_mlp_and_its_gradient(
+    kind: PerSiteCIKind, widths: tuple[int, ...]
+) -> None:
+    """SPEC §4: C independent MLPs `k → widths… (GELU) → 1`, written as broadcast products and
+    `gelu_out` (whose gradient recomputes the last GELU), equal the MLPs written as einsums, in
+    their logits and in autodiff's gradient for every parameter and input."""
+    C, d_in = 6, 5
+    net = site_ci_transform(kind, widths, C)
+    x = jax.random.normal(jax.random.key(0), (3, 4, d_in))
+    V = jax.random.normal(jax.random.key(1), (d_in, C))
+    params = net.init(jax.random.key(2), x, V)
+    # zero-initialized biases would leave their gradients' paths unchecked
+    params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape), params)
+    cot = jax.random.normal(jax.random.key(4), (3, 4, C))
+
+    def plain(params: hk.Params, x: jax.Array, V: jax.Array) -> jax.Array:
+        per_c = jnp.broadcast_to(x[..., None, :], (3, 4, C, d_in))
+        h = (x @ V)[..., None] if kind == "mlp" else per_c
+        layers = params[kind]
+        for i in range(len(widths) + 1):
+            a = h if i == 0 else 0.5 * h * (1 + jax.scipy.special.erf(h / np.sqrt(2)))
+            h = jnp.einsum("...ci,cio->...co", a, layers[f"w{i}"]) + layers[f"b{i}"]
+        return h[..., 0]
+
+    def loss(f: Callable[[hk.Params, jax.Array, jax.Array], jax.Array]) -> Callable[..., jax.Array]:
+        return lambda params, x, V: jnp.sum(f(params, x, V) * cot)
+
+    np.testing.assert_allclose(net.apply(params, x, V), plain(params, x, V), rtol=1e-5, atol=1e-6)
+    got = jax.grad(loss(net.apply), argnums=(0, 1, 2))(params, x, V)
+    want = jax.grad(loss(plain), argnums=(0, 1, 2))(params, x, V)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
 def test_the_ci_masked_monitor_is_a_loss_term_when_configured() -> None:
@@ -249,8 +288,8 @@ def test_the_initializers_compile_options_draw_the_same_state() -> None:
 def test_the_steps_compile_options_take_the_same_steps() -> None:
     """On a CPU the step programs are compiled with 512-bit vectors and, for a per-subcomponent
     CI function, YNNPACK for dots only (`pd.xla.compiler_options`), for speed alone: five steps
-    give the bits of the same compile with XLA's 256-bit vectors, and XLA's default compile's
-    state and metrics to float32 rounding."""
+    give the state and metrics of the same compile with XLA's 256-bit vectors, and of XLA's
+    default compile, to float32 rounding (sums vectorized in another order)."""
     from pd.train.step import step_fn
     from pd.xla import compiler_options
 
@@ -270,5 +309,5 @@ def test_the_steps_compile_options_take_the_same_steps() -> None:
             state, metrics = step(state, frozen, sample(run_key, jnp.asarray(s)), run_key)
         runs.append(jax.tree.leaves((state, metrics)))
     for a, narrow, default in zip(*runs, strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(narrow))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(narrow), rtol=1e-6, atol=1e-9)
         np.testing.assert_allclose(np.asarray(a), np.asarray(default), rtol=1e-5, atol=1e-7)
