@@ -29,10 +29,15 @@ def compute(dtype: ComputeDtype) -> Iterator[None]:
         _dtype.pop()
 
 
+def current() -> ComputeDtype:
+    """The compute dtype being traced."""
+    return _dtype[-1]
+
+
 def matmul(a: Float[Array, "*s k"], b: Float[Array, "k n"]) -> Float[Array, "*s n"]:
     """`a @ b`; in bf16 compute, of the bf16-rounded operands accumulated in float32, in `a @ b`'s
     own dtype, and so are the two matmuls of its gradient."""
-    if _dtype[-1] == "fp32":
+    if current() == "fp32":
         return a @ b
     f32 = jnp.float32
     out: Float[Array, "*s n"] = _bf16_matmul(a.astype(f32), b.astype(f32))

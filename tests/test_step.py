@@ -122,8 +122,9 @@ def test_ci_kinds_shapes_and_init_scales(kind: str) -> None:
 def test_per_subcomponent_mlps_compute_the_plain_mlp_and_its_gradient(
     kind: PerSiteCIKind, widths: tuple[int, ...]
 ) -> None:
-    """SPEC §4: C independent MLPs `k → widths… (GELU) → 1`, written as broadcast products and
-    `gelu_out` (whose gradient recomputes the last GELU), equal the MLPs written as einsums, in
+    """SPEC §4: C independent MLPs `k → widths… (GELU) → 1`, written as broadcast products,
+    `gelu_out` (whose gradient recomputes the last GELU) and, for `vector_mlp`, an input layer
+    whose weight gradient reads the input transposed, equal the MLPs written as einsums, in
     their logits and in autodiff's gradient for every parameter and input."""
     C, d_in = 6, 5
     net = site_ci_transform(kind, widths, C)
