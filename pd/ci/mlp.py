@@ -37,7 +37,7 @@ def _input_layer(x: Float[Array, "N k"], w: Float[Array, "k n"]) -> Float[Array,
     Under plain autodiff XLA's CPU backend contracts the batch with both operands transposed
     and picks the wide `∂out` (`[N, C · hidden]`) as the one to transpose, a slow dot; `xᵀ` is
     `k` rows, a cheap copy, after which the dot takes row-major operands. The default TMS
-    recipe's step took 0.82× the time, `tms_40-10`'s 0.78× (README, "Where a toy step's time
+    recipe's step took 0.83× the time, `tms_40-10`'s 0.81× (README, "Where a toy step's time
     goes")."""
     return x @ w
 
