@@ -106,9 +106,10 @@ def _layer(
     C, fan_in, _ = w.shape
     if shared_input:  # one matmul [*L, k] @ [k, C * width]
         w2 = w.transpose(1, 0, 2).reshape(fan_in, -1)
-        if current() == "bf16":  # bf16's own gradient (where this layout gained nothing)
-            return matmul(a, w2).reshape(*a.shape[:-1], C, -1)
-        return _input_layer(a.reshape(-1, fan_in), w2).reshape(*a.shape[:-1], C, -1)
+        a2 = a.reshape(-1, fan_in)
+        # bf16 keeps its own gradient, where this layout gained nothing
+        out = matmul(a2, w2) if current() == "bf16" else _input_layer(a2, w2)
+        return out.reshape(*a.shape[:-1], C, -1)
     if fan_in == 1:
         return a * w[:, 0]
     if w.shape[-1] == 1:
