@@ -45,6 +45,14 @@ def _assert_close(a: object, b: object) -> None:
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
 
 
+def _compiled_once(result: SweepResult) -> None:
+    """The programs that were compiled ahead, while the target trained, are the ones the
+    first chunk called: none compiled again."""
+    programs = result.compile_times.by_name
+    for name in ("init_train_state", "faithfulness_warmup", "train_steps"):
+        assert programs[name]["compiles"] == 1, name
+
+
 def _follows_its_run_alone(member: MemberResult, other: MemberResult, tmp_path: Path) -> None:
     """`member` equals `run` of its config to 1e-5, and `other` (another seed) does not."""
     alone = run(member.member.config, tmp_path / "alone")
@@ -101,6 +109,7 @@ def test_the_sweep_folder_holds_a_run_folder_per_member_and_the_table(
         assert json.loads((member_dir / "summary.json").read_text()) == m["summary"]
         config = json.loads((member_dir / "config.json").read_text())
         assert config["seed"] == m["seed"] and config["target"]["seed"] == 0
+    _compiled_once(one_device_sweep)
     table = (folder / "sweep.txt").read_text()
     assert "recovered" in table and "id_err/linear1" in table and "mmcs/linear1" in table
     d = pd.load(folder / "seed-1")
@@ -149,6 +158,7 @@ def test_a_member_with_its_own_target_follows_its_run_alone(tmp_path: Path) -> N
     a, b = result.members
     leaves = zip(jax.tree.leaves(a.frozen), jax.tree.leaves(b.frozen), strict=True)
     assert not all(np.array_equal(x, y) for x, y in leaves)
+    _compiled_once(result)  # with the frozen parameters stacked
     alone = run(b.member.config, tmp_path / "alone")
     _assert_close(b.frozen, alone.frozen)
     _assert_close(b.state, alone.state)

@@ -75,7 +75,7 @@ class Ahead:
         if self.sample is not None:
             steps = make_train_steps(recipe, self.sample)
             n = _struct((), jnp.int32)
-            self.futures = [pool.submit(_compile, steps, state, frozen, self.run_key, n)]
+            self.futures = [pool.submit(compile_for, steps, state, frozen, self.run_key, n)]
             return
         assert batches is not None, "a run given its batches compiles for one of them"
         # One call of `batches` (a caller's own may not be safe to call from two threads).
@@ -84,10 +84,10 @@ class Ahead:
         step, monitor_step = make_train_step(recipe, shardings), make_monitor_step(recipe)
 
         def train() -> None:
-            _compile(step, state, frozen, batch.result(), self.run_key)
+            compile_for(step, state, frozen, batch.result(), self.run_key)
 
         def monitors() -> None:
-            _compile(monitor_step, state, frozen, batch.result())
+            compile_for(monitor_step, state, frozen, batch.result())
 
         self.futures = [pool.submit(train), pool.submit(monitors)]  # each raises what `batch` did
 
@@ -98,13 +98,18 @@ class Ahead:
     def wait(self) -> None:
         """Wait for the compiles; one that failed is logged (the loop compiles its own)."""
         self.pool.shutdown()
-        for future in self.futures:
-            if (err := future.exception()) is not None:
-                log.debug("compiling ahead failed (the loop compiles its own): %r", err)
+        wait_compiles(self.futures)
         self.futures = []
 
 
-def _compile(fn: Callable[..., object], *args: object) -> None:
+def wait_compiles(futures: list[Future[None]]) -> None:
+    """Wait for compiles begun ahead; one that failed is logged (the loop compiles its own)."""
+    for future in futures:
+        if (err := future.exception()) is not None:
+            log.debug("compiling ahead failed (the loop compiles its own): %r", err)
+
+
+def compile_for(fn: Callable[..., object], *args: object) -> None:
     """Compile the jitted `fn` (which pd types as the function it wraps) for `args`."""
     jitted = cast(Wrapped, fn)
     jitted.trace(*args).lower().compile()

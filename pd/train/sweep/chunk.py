@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 
-from pd.init import key_tree
 from pd.state import TrainState
 from pd.targets.base import Batch
 from pd.targets.configs import TargetConfig
@@ -24,7 +23,7 @@ from pd.train.evaluate import figure_batch
 from pd.train.recipe import make_batches
 from pd.train.sinks import MetricSinks
 from pd.train.step import flat_metrics
-from pd.train.sweep.programs import MEMBERS, SHARED, Group, Programs
+from pd.train.sweep.programs import MEMBERS, SHARED, Group, Programs, stacked_keys
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +70,7 @@ class Chunk:
         self.kinds = [group.kinds[i] for i in members]
         self.trained = [trained[m.config.target] for m in self.members]
         on_members, shared = NamedSharding(mesh, MEMBERS), NamedSharding(mesh, SHARED)
-        keys = [key_tree(m.config.seed) for m in self.members]
-        init, src, run = (jnp.stack([k[j] for k in keys]) for j in range(3))
+        init, src, run = stacked_keys([m.config.seed for m in self.members])
         self.init_keys, self.src_keys, self.run_keys = jax.device_put((init, src, run), on_members)
         self.host_run_keys = run
         if stacked_frozen:

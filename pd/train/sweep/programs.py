@@ -3,18 +3,22 @@ over the devices along the member axis."""
 
 import dataclasses
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
 import haiku as hk
 import jax
-from jax.sharding import Mesh
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Key
 
+from pd.init import key_tree
 from pd.state import TrainState
 from pd.targets.base import Batch
 from pd.targets.configs import FactoryConfig, TargetConfig
+from pd.train.ahead import compile_for
 from pd.train.config import ConfigError, RunConfig
 from pd.train.init_state import initial_state
 from pd.train.kinds import TargetKind, kind_of
@@ -32,6 +36,7 @@ from pd.train.sweep.spec import Member, SweepSpec
 from pd.xla import compiler_options, init_options
 
 _spec: Callable[..., P] = P  # its constructor is unannotated upstream
+_struct: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct  # likewise
 MEMBERS = _spec("members")  # the leading axis of every per-member array
 SHARED = _spec()
 
@@ -162,3 +167,48 @@ def make_programs(group: Group, mesh: Mesh, stacked_frozen: bool) -> Programs:
         steps=steps,
         monitors=monitors,
     )
+
+
+def stacked_keys(seeds: list[int]) -> tuple[Key[Array, " n"], Key[Array, " n"], Key[Array, " n"]]:
+    """The members' init, source and run keys (`pd.init.key_tree` of each seed), stacked."""
+    trees = [key_tree(seed) for seed in seeds]
+    init, src, run = (jnp.stack([tree[j] for tree in trees]) for j in range(3))
+    return init, src, run
+
+
+def compile_ahead(
+    pool: ThreadPoolExecutor,
+    programs: Programs,
+    group: Group,
+    mesh: Mesh,
+    seeds: list[int],
+    stacked_frozen: bool,
+) -> list[Future[None]]:
+    """Begin compiling on `pool`, while the targets train or load, the programs that the chunk
+    of members with `seeds` calls first, for its shapes and placements: the initializer, and
+    where the target's shapes are known before it is trained (toys, a caller's jittable target)
+    the warmup and the steps, as a run does (`pd.train.ahead`)."""
+    on_members = NamedSharding(mesh, MEMBERS)
+    init, src, run = jax.device_put(stacked_keys(seeds), on_members)
+    futures = [pool.submit(compile_for, programs.init, init, src)]
+    frozen_shapes = group.kinds[0].frozen_shapes
+    if frozen_shapes is None:
+        return futures
+
+    def placed(shape: jax.ShapeDtypeStruct, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
+        return _struct(shape.shape, shape.dtype, sharding=sharding)
+
+    # The program's outputs are placed along the member axis (`per_member`'s out_specs).
+    state = jax.tree.map(lambda a: placed(a, on_members), jax.eval_shape(programs.init, init, src))
+    frozen = frozen_shapes(group.recipe.target)
+    if stacked_frozen:
+        n = len(seeds)
+        frozen = jax.tree.map(lambda a: placed(_struct((n, *a.shape), a.dtype), on_members), frozen)
+    else:
+        frozen = jax.tree.map(lambda a: placed(a, NamedSharding(mesh, SHARED)), frozen)
+    if group.recipe.train.faith_warmup_steps > 0:
+        futures.append(pool.submit(compile_for, programs.warmup, state, frozen))
+    if programs.steps is not None:
+        n_steps = _struct((), jnp.int32)
+        futures.append(pool.submit(compile_for, programs.steps, state, frozen, run, n_steps))
+    return futures

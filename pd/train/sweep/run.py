@@ -5,6 +5,7 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -15,14 +16,16 @@ from jax.sharding import AxisType, Mesh
 from pd.compile_times import recording
 from pd.data import DataError
 from pd.log import show_pd_logs
+from pd.state import TrainState
 from pd.targets.configs import TargetConfig
 from pd.targets.hf import CheckpointError
 from pd.targets.train import TrainedTarget
+from pd.train.ahead import wait_compiles
 from pd.train.config import ConfigError
 from pd.train.run import write_results
 from pd.train.rundir import check_destination, mark_finished, staged
 from pd.train.sweep.chunk import Chunk, member_state
-from pd.train.sweep.programs import Group, group_members, make_programs
+from pd.train.sweep.programs import Group, compile_ahead, group_members, make_programs
 from pd.train.sweep.result import MemberResult, SweepResult, write_summary
 from pd.train.sweep.spec import SweepSpec
 
@@ -46,44 +49,68 @@ def _run_group(
     """Train a group's members, `per_program` at a time over `devices`, and write their run
     folders."""
     recipe, trained = group.recipe, dict[TargetConfig, TrainedTarget]()
-    for member, kind in zip(group.members, group.kinds, strict=True):
-        target = member.config.target
-        if target not in trained:
-            try:
-                trained[target] = kind.load_frozen(recipe.target)
-            except CheckpointError as err:
-                raise ConfigError(str(err)) from None
-            log.info("target ready (%s)", trained[target].describe())
-    stacked_frozen = len(trained) > 1
+    stacked_frozen = len({m.config.target for m in group.members}) > 1
     n = len(group.members)
     count = -(-n // min(per_program or n, n))
     sizes = [n // count + (1 if i < n % count else 0) for i in range(count)]
     n_devices = min(len(devices), max(sizes))
-    mesh = Mesh(np.array(devices[:n_devices]), ("members",), axis_types=(AxisType.Auto,))
-    programs = make_programs(group, mesh, stacked_frozen)
-    results, start = [], 0
+    chunks, start = [], 0  # each chunk's members, the last repeated to fill every device
     for size in sizes:
         indices = list(range(start, start + size))
+        chunks.append(indices + [indices[-1]] * (-size % n_devices))
         start += size
-        indices += [indices[-1]] * (-size % n_devices)
-        chunk = Chunk(group, programs, mesh, indices, size, trained, stacked_frozen)
-        names = ", ".join(m.name for m in chunk.members[:size])
-        log.info(
-            "training %s (%d per device, %d devices)", names, len(indices) // n_devices, n_devices
-        )
-        results += _train_chunk(chunk, tmp_dir, sweep_dir, t0)
-    return results
+    mesh = Mesh(np.array(devices[:n_devices]), ("members",), axis_types=(AxisType.Auto,))
+    programs = make_programs(group, mesh, stacked_frozen)
+    seeds = [group.members[i].config.seed for i in chunks[0]]
+    with ThreadPoolExecutor(3, thread_name_prefix="pd-compile") as pool:
+        ahead = compile_ahead(pool, programs, group, mesh, seeds, stacked_frozen)
+        for member, kind in zip(group.members, group.kinds, strict=True):
+            target = member.config.target
+            if target not in trained:
+                try:
+                    trained[target] = kind.load_frozen(recipe.target)
+                except CheckpointError as err:
+                    raise ConfigError(str(err)) from None
+                log.info("target ready (%s)", trained[target].describe())
+    wait_compiles(ahead)
+    written: list[Future[list[MemberResult]]] = []
+    # Each chunk's run folders (evaluation and figures: mostly one Python thread) are written
+    # beside the next chunk's training (XLA on every device's core).
+    with ThreadPoolExecutor(1, thread_name_prefix="pd-sweep-results") as writer:
+        for size, indices in zip(sizes, chunks, strict=True):
+            for done in (w for w in written if w.done()):
+                done.result()  # a write that failed stops the sweep here, not after all chunks
+            chunk = Chunk(group, programs, mesh, indices, size, trained, stacked_frozen)
+            members = chunk.members[:size]
+            log.info(
+                "training %s (%d per device, %d devices)",
+                ", ".join(m.name for m in members),
+                len(indices) // n_devices,
+                n_devices,
+            )
+            folders = [tmp_dir / m.name for m in members]
+            for folder in folders:
+                folder.mkdir(parents=True)
+            host, diverged = chunk.train(folders)
+            written.append(
+                writer.submit(_write_chunk, chunk, host, diverged, tmp_dir, sweep_dir, t0)
+            )
+    return [result for chunk_results in written for result in chunk_results.result()]
 
 
-def _train_chunk(chunk: Chunk, tmp_dir: Path, sweep_dir: Path, t0: float) -> list[MemberResult]:
-    """Train a chunk, then write each member's run folder as `pd.train.run` does."""
-    members = chunk.members[: chunk.size]
-    folders = [tmp_dir / m.name for m in members]
-    for folder in folders:
-        folder.mkdir(parents=True)
-    host, diverged = chunk.train(folders)
+def _write_chunk(
+    chunk: Chunk,
+    host: TrainState,
+    diverged: list[str],
+    tmp_dir: Path,
+    sweep_dir: Path,
+    t0: float,
+) -> list[MemberResult]:
+    """Each member's run folder from its trained state, as `pd.train.run` writes it; a member
+    that diverged gets none."""
     results = []
-    for i, (member, folder) in enumerate(zip(members, folders, strict=True)):
+    for i, member in enumerate(chunk.members[: chunk.size]):
+        folder = tmp_dir / member.name
         state, trained = member_state(host, i), chunk.trained[i]
         if diverged[i]:  # no folder, nor an empty grid point's: nothing that looks like a result
             shutil.rmtree(folder)
