@@ -24,7 +24,9 @@ machine busy), so a wider vmap does not make a member's step cheaper (tms_5-2 on
 per member-step, the median over the logged windows of a 2000-step sweep: alone 2.15; 2
 vmapped on one device 2.11; 4 on one device 2.36; one on each of 2 devices 1.95; 2 on each
 1.95). What a CPU sweep saves is the compiles, the target, the process start-up and the
-evaluation programs of all members but the first (the CLI starts one CPU device per core).
+evaluation programs of all members but the first (the CLI starts one CPU device per core);
+a chunk's run folders are written beside the next chunk's training, and the first chunk's
+programs compile while the target trains.
 
 Sweeps write no checkpoints and cannot be resumed; a member whose numbers turn non-finite is
 reported in the table and gets no run folder, as a single run would; the others go on.
