@@ -29,7 +29,7 @@ from pd.train.init_state import abstract_state, init_train_state, state_sharding
 from pd.train.step import Recipe, Sampler, make_monitor_step, make_train_step, make_train_steps
 
 log = logging.getLogger(__name__)
-_struct: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct  # unannotated upstream
+shape_dtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct  # unannotated upstream
 
 
 class Ahead:
@@ -71,10 +71,10 @@ class Ahead:
         if mesh is None and not restored:
             # A fresh single-device state is what jit returns, uncommitted: a program lowered
             # for leaves placed on the device would not be the one its calls look up.
-            state = jax.tree.map(lambda a: _struct(a.shape, a.dtype), state)
+            state = jax.tree.map(lambda a: shape_dtype(a.shape, a.dtype), state)
         if self.sample is not None:
             steps = make_train_steps(recipe, self.sample)
-            n = _struct((), jnp.int32)
+            n = shape_dtype((), jnp.int32)
             self.futures = [pool.submit(compile_for, steps, state, frozen, self.run_key, n)]
             return
         assert batches is not None, "a run given its batches compiles for one of them"

@@ -2,8 +2,6 @@
 inputs (`jax.ShapeDtypeStruct`s carrying their shardings) — nothing is allocated, so a
 production-shaped run's compile cost can be measured on simulated CPU devices."""
 
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
 
@@ -12,12 +10,12 @@ from pd.shard import ShardingError, make_mesh, named_sharding
 from pd.shard.state import frozen_shardings, replicated
 from pd.targets.configs import LlamaConfig
 from pd.targets.llama import Llama
+from pd.train.ahead import shape_dtype
 from pd.train.config import ConfigError, RunConfig
 from pd.train.init_state import jitted_init, state_shardings
 from pd.train.run import make_recipe
 from pd.train.step import make_train_step
 
-shape_dtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct  # unannotated upstream
 # A language model's frozen weights are held in bf16, as a production run loads them.
 FROZEN_DTYPE = jnp.bfloat16
 

@@ -18,7 +18,7 @@ from pd.init import key_tree
 from pd.state import TrainState
 from pd.targets.base import Batch
 from pd.targets.configs import FactoryConfig, TargetConfig
-from pd.train.ahead import compile_for
+from pd.train.ahead import compile_for, shape_dtype
 from pd.train.config import ConfigError, RunConfig
 from pd.train.init_state import initial_state
 from pd.train.kinds import TargetKind, kind_of
@@ -36,7 +36,6 @@ from pd.train.sweep.spec import Member, SweepSpec
 from pd.xla import compiler_options, init_options
 
 _spec: Callable[..., P] = P  # its constructor is unannotated upstream
-_struct: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct  # likewise
 MEMBERS = _spec("members")  # the leading axis of every per-member array
 SHARED = _spec()
 
@@ -196,19 +195,21 @@ def compile_ahead(
         return futures
 
     def placed(shape: jax.ShapeDtypeStruct, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
-        return _struct(shape.shape, shape.dtype, sharding=sharding)
+        return shape_dtype(shape.shape, shape.dtype, sharding=sharding)
 
     # The program's outputs are placed along the member axis (`per_member`'s out_specs).
     state = jax.tree.map(lambda a: placed(a, on_members), jax.eval_shape(programs.init, init, src))
     frozen = frozen_shapes(group.recipe.target)
     if stacked_frozen:
         n = len(seeds)
-        frozen = jax.tree.map(lambda a: placed(_struct((n, *a.shape), a.dtype), on_members), frozen)
+        frozen = jax.tree.map(
+            lambda a: shape_dtype((n, *a.shape), a.dtype, sharding=on_members), frozen
+        )
     else:
         frozen = jax.tree.map(lambda a: placed(a, NamedSharding(mesh, SHARED)), frozen)
     if group.recipe.train.faith_warmup_steps > 0:
         futures.append(pool.submit(compile_for, programs.warmup, state, frozen))
     if programs.steps is not None:
-        n_steps = _struct((), jnp.int32)
+        n_steps = shape_dtype((), jnp.int32)
         futures.append(pool.submit(compile_for, programs.steps, state, frozen, run, n_steps))
     return futures
