@@ -247,6 +247,29 @@ def test_bf16_compute_rounds_matmul_operands_and_keeps_float32_state_and_losses(
         np.testing.assert_allclose(float(rows[1][k]), float(rows[0][k]), rtol=5e-2, err_msg=k)
 
 
+def test_to_bf16_rounds_as_astype_bit_for_bit() -> None:
+    """`precision.to_bf16`, the bf16 matmuls' rounding, gives XLA's own `astype(bfloat16)` bits:
+    ties to even, subnormals, infinities, overflow to infinity and NaNs with their sign."""
+    u32 = np.uint32
+    # zeros, infinities, NaNs, the largest float, subnormals, ties to even (down, up), near ties
+    special = np.array(
+        [
+            int(h, 16)
+            for h in "0 80000000 7F800000 FF800000 7FC00000 FFC00001 7F800001 "
+            "7F7FFFFF 00000001 807FFFFF 3F808000 3F818000 3F808001 3F807FFF".split()
+        ],
+        dtype=u32,
+    )
+    random = np.random.default_rng(0).integers(0, 2**32, 1 << 18, dtype=np.uint64).astype(u32)
+    x = jnp.asarray(np.concatenate([special, random]).view(np.float32))
+    ours = np.asarray(jax.jit(precision.to_bf16)(x)).view(np.uint16)
+    xla = np.asarray(jax.jit(lambda v: v.astype(jnp.bfloat16))(x)).view(np.uint16)
+    assert ours.dtype == xla.dtype == np.uint16
+    np.testing.assert_array_equal(ours, xla)
+    assert ours[2] == 0x7F80 and ours[10] == 0x3F80 and ours[11] == 0x3F82  # inf, ties to even
+    assert ours[5] == 0xFFC0  # a negative NaN stays negative
+
+
 def test_runs_of_one_recipe_share_their_programs() -> None:
     """`one_per_value`: equal recipes (and placements) get the same jitted step, initializer and
     faithfulness warmup, so a resumed run or a loop over seeds compiles them once; another
