@@ -98,6 +98,8 @@ def lm_runs(tmp_path_factory: pytest.TempPathFactory) -> LMRuns:
     tokens = np.random.default_rng(0).integers(0, 16, size=4000).astype(np.uint16)
     np.save(folder / "tokens.npy", tokens)
     overrides = [
+        # Two kinds, in two groups of different shapes: a third of the compile of all seven.
+        'target.kinds=["q","down"]',
         f'target.tokens="{folder / "tokens.npy"}"',
         "target.train_steps=20",
         "train.steps=6",
@@ -384,7 +386,8 @@ def test_a_language_model_run_on_1_device_resumes_on_4(lm_runs: LMRuns) -> None:
 
 
 def test_compile_only_lowers_init_and_step_on_abstract_inputs() -> None:
-    # Two kinds in two groups: a third of the compile of all seven (the runs above compile them).
+    # Two kinds in two groups, as the runs above: a third of the compile of all seven
+    # (`tests/test_scan_step.py` compiles the preset's seven).
     config = load_config("tiny_llama", [*TINY_LM, 'target.kinds=["q","down"]', "mesh.data=4"])
     times, flops = compile_only(config)
     assert flops["train_step"] > 0

@@ -199,7 +199,16 @@ def test_a_language_model_sweep_follows_its_runs_alone(tmp_path: Path) -> None:
     """Two seeds of a tiny language model, one on each of two devices: each member draws its
     own token windows from the host, the second equals its run alone to 1e-5, and the table
     gives each seed's KL under CI masks."""
-    kinds = ['target.kinds=["q","down"]', "train.steps=4", "train.log_every=2"]
+    # A token file's model is accepted as trained (no entropy-rate check): 20 steps, not 3000.
+    tokens = tmp_path / "tokens.npy"
+    np.save(tokens, np.random.default_rng(0).integers(0, 16, size=4000).astype(np.uint16))
+    kinds = [
+        'target.kinds=["q","down"]',
+        f'target.tokens="{tokens}"',
+        "target.train_steps=20",
+        "train.steps=4",
+        "train.log_every=2",
+    ]
     spec = seed_sweep(load_config("tiny_llama", [*TINY_LM, *kinds]), [0, 1])
     result = sweep(spec, tmp_path / "sweep", members_per_program=2, devices=jax.devices()[:2])
     assert "kl/ci_masked" in result.table().splitlines()[0]
