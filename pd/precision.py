@@ -6,7 +6,7 @@ accumulates in float32; parameters, optimizer state, elementwise work and the lo
 float32. Outside it (the default, SPEC N3) `matmul` is `a @ b`.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Literal
 
@@ -57,14 +57,28 @@ def to_bf16(x: Float[Array, "*s"]) -> BFloat16[Array, "*s"]:
     return out
 
 
-Residuals = tuple[BFloat16[Array, "*s k"], BFloat16[Array, "k n"]]
+# jax.lax.optimization_barrier is untyped; on one array it returns that array.
+_barrier: Callable[[Array], Array] = jax.lax.optimization_barrier
+
+Residuals = tuple[BFloat16[Array, "..."], BFloat16[Array, "k n"]]
+
+
+def _transposed(x: Float[Array, "m k"]) -> BFloat16[Array, "k m"]:
+    """`to_bf16(x.T)` in memory: the barrier keeps XLA from folding the transpose into the dot
+    that reads it."""
+    return _barrier(to_bf16(x.T))
 
 
 def _fwd(a: Float[Array, "*s k"], b: Float[Array, "k n"]) -> tuple[Float[Array, "*s n"], Residuals]:
     # The backward keeps the rounded operands, not the float32 ones: half the memory, and no
-    # second conversion of each activation (5-7 % of a ResidMLP-1 step on a CPU).
+    # second conversion of each activation (5-7 % of a ResidMLP-1 step on a CPU). The weight
+    # gradient contracts the rows of `a` and of the cotangent, and XLA's CPU backend has bf16
+    # kernels only for a left operand contracted on its last axis (it computes the others in
+    # float32), so one of the two is transposed in memory: `a` here when it is the narrower.
+    k, n = b.shape
     a16, b16 = to_bf16(a), to_bf16(b)
-    return jnp.matmul(a16, b16, preferred_element_type=jnp.float32), (a16, b16)
+    out = jnp.matmul(a16, b16, preferred_element_type=jnp.float32)
+    return out, ((_transposed(a.reshape(-1, k)) if k <= n else a16), b16)
 
 
 @jax.custom_vjp
@@ -75,13 +89,20 @@ def _bf16_matmul(a: Float[Array, "*s k"], b: Float[Array, "k n"]) -> Float[Array
 def _bwd(
     res: Residuals, g: Float[Array, "*s n"]
 ) -> tuple[Float[Array, "*s k"], Float[Array, "k n"]]:
-    a16, b16 = res
-    g16 = to_bf16(g)  # once, for both matmuls
+    a_res, b16 = res
+    k, n = b16.shape
+    f32 = jnp.float32
+    g16 = to_bf16(g)
     ga = jax.lax.dot_general(
-        g16, b16, (((g.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        g16, b16, (((g.ndim - 1,), (1,)), ((), ())), preferred_element_type=f32
     )
-    a2, g2 = a16.reshape(-1, a16.shape[-1]), g16.reshape(-1, g16.shape[-1])
-    gb = jax.lax.dot_general(a2, g2, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    if k <= n:  # a_res is aᵀ, [k, rows]
+        gb = jnp.matmul(a_res, g16.reshape(-1, n), preferred_element_type=f32)
+    else:  # the cotangent is the narrower: gbᵀ = gᵀ a, an [n, k] array transposed back
+        gbT = jnp.matmul(
+            _transposed(g.reshape(-1, n)), a_res.reshape(-1, k), preferred_element_type=f32
+        )
+        gb = _barrier(gbT).T
     return ga, gb
 
 

@@ -208,25 +208,29 @@ def test_bf16_compute_rounds_matmul_operands_and_keeps_float32_state_and_losses(
     """`train.compute_dtype = "bf16"`: each matmul (and both of its gradient's) is of the
     bf16-rounded operands, accumulated in float32; parameters, optimizer state and losses stay
     float32 and the losses stay within bf16 rounding of the fp32 step's (SPEC N3: fp32 default)."""
-    a = jax.random.normal(jax.random.key(0), (8, 300))
-    b = jax.random.normal(jax.random.key(1), (300, 5))
-    ra, rb = (m.astype(jnp.bfloat16).astype(jnp.float32) for m in (a, b))
-    ref = ra @ rb
-    assert float(jnp.max(jnp.abs(ref - a @ b))) > 1e-3  # the rounding is real
 
     def loss(a: jax.Array, b: jax.Array) -> jax.Array:
         return jnp.sum(jnp.sin(precision.matmul(a, b)))
 
-    with precision.compute("bf16"):
-        out = precision.matmul(a, b)
-        grads = jax.grad(loss, (0, 1))(a, b)
-    assert out.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-4)
-    g = jnp.cos(ref)
-    for got, want in zip(grads, (g @ rb.T, ra.T @ g), strict=True):
-        assert got.dtype == jnp.float32  # the cotangent is rounded to bf16 too: 1e-2
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-2, atol=5e-2)
-    np.testing.assert_array_equal(np.asarray(precision.matmul(a, b)), np.asarray(a @ b))
+    # Both ways of the weight gradient: the cotangent transposed (k > n), and `a` (k <= n, with
+    # leading axes).
+    for a_shape, b_shape in (((8, 300), (300, 5)), ((2, 4, 5), (5, 300))):
+        a = jax.random.normal(jax.random.key(0), a_shape)
+        b = jax.random.normal(jax.random.key(1), b_shape)
+        ra, rb = (m.astype(jnp.bfloat16).astype(jnp.float32) for m in (a, b))
+        ref = ra @ rb
+        assert float(jnp.max(jnp.abs(ref - a @ b))) > 1e-3  # the rounding is real
+        with precision.compute("bf16"):
+            out = precision.matmul(a, b)
+            grads = jax.grad(loss, (0, 1))(a, b)
+        assert out.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-4)
+        g = jnp.cos(ref)
+        rows = ra.reshape(-1, b_shape[0]), g.reshape(-1, b_shape[1])
+        for got, want in zip(grads, (g @ rb.T, rows[0].T @ rows[1]), strict=True):
+            assert got.dtype == jnp.float32  # the cotangent is rounded to bf16 too: 1e-2
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-2, atol=5e-2)
+        np.testing.assert_array_equal(np.asarray(precision.matmul(a, b)), np.asarray(a @ b))
 
     assert load_config("tms_5-2", []).train.compute_dtype == "fp32"
     overrides = ["train.batch=64", "train.faith_warmup_steps=0"]
