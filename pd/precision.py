@@ -98,7 +98,8 @@ def _bwd(
     )
     if k <= n:  # a_res is aᵀ, [k, rows]
         gb = jnp.matmul(a_res, g16.reshape(-1, n), preferred_element_type=f32)
-    else:  # the cotangent is the narrower: gbᵀ = gᵀ a, an [n, k] array transposed back
+    else:  # the cotangent is the narrower: gbᵀ = gᵀ a, an [n, k] array transposed back (behind
+        # a barrier too, or XLA folds that transpose into the dot's operands)
         gbT = jnp.matmul(
             _transposed(g.reshape(-1, n)), a_res.reshape(-1, k), preferred_element_type=f32
         )
