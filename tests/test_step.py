@@ -226,8 +226,8 @@ def test_bf16_compute_rounds_matmul_operands_and_keeps_float32_state_and_losses(
         assert out.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-4)
         g = jnp.cos(ref)
-        rows = ra.reshape(-1, b_shape[0]), g.reshape(-1, b_shape[1])
-        for got, want in zip(grads, (g @ rb.T, rows[0].T @ rows[1]), strict=True):
+        flat = ra.reshape(-1, b_shape[0]), g.reshape(-1, b_shape[1])
+        for got, want in zip(grads, (g @ rb.T, flat[0].T @ flat[1]), strict=True):
             assert got.dtype == jnp.float32  # the cotangent is rounded to bf16 too: 1e-2
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-2, atol=5e-2)
         np.testing.assert_array_equal(np.asarray(precision.matmul(a, b)), np.asarray(a @ b))
