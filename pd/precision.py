@@ -48,7 +48,7 @@ def to_bf16(x: Float[Array, "*s"]) -> BFloat16[Array, "*s"]:
     """`x.astype(bfloat16)` for a float32 `x`, bit for bit (round to nearest even, NaNs
     included), written as integer operations: XLA's CPU backend emits a lone float32-to-bfloat16
     `convert` as a tiled loop through stack buffers, and this one as an ordinary elementwise
-    loop, about twice as fast (README, "bf16 gains little")."""
+    loop, about twice as fast (README, "bf16 on this CPU")."""
     bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
     rounded = bits + 0x7FFF + ((bits >> 16) & 1)
     quiet_nan = (bits & jnp.uint32(0xFF800000)) | 0x400000  # its sign kept, as XLA's convert

@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from test_lm_recipe import TINY_LM
+from test_lm_recipe import TINY_LM, token_file
 
 import pd
 from pd.testing import tiny_target
@@ -199,12 +199,9 @@ def test_a_language_model_sweep_follows_its_runs_alone(tmp_path: Path) -> None:
     """Two seeds of a tiny language model, one on each of two devices: each member draws its
     own token windows from the host, the second equals its run alone to 1e-5, and the table
     gives each seed's KL under CI masks."""
-    # A token file's model is accepted as trained (no entropy-rate check): 20 steps, not 3000.
-    tokens = tmp_path / "tokens.npy"
-    np.save(tokens, np.random.default_rng(0).integers(0, 16, size=4000).astype(np.uint16))
     kinds = [
         'target.kinds=["q","down"]',
-        f'target.tokens="{tokens}"',
+        f'target.tokens="{token_file(tmp_path)}"',  # a 20-step target, not the preset's 3000
         "target.train_steps=20",
         "train.steps=4",
         "train.log_every=2",
