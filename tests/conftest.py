@@ -16,7 +16,29 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 pytest_plugins = ["pd.testing.plugin"]
+
+# The files that took a minute or more under `.ci/run` (`--durations=0`, 2026-12-03), longest
+# first. The Makefile's workers take whole files in collection order (`--no-loadscope-reorder`),
+# so these start first and the run ends on short files: xdist's own order (most tests first)
+# left the 64 s convergence test and the 48 s two-process test to the end, on one worker, while
+# the other had finished 80 s before.
+_LONGEST_FIRST = (
+    "test_sweep.py",
+    "test_lm_recipe.py",
+    "test_step.py",
+    "test_cli_errors.py",
+    "test_own_target.py",
+    "test_chunkwise.py",
+    "test_haiku_target.py",
+    "test_run.py",
+    "test_scan_step.py",
+    "test_smollm2.py",
+    "test_llama.py",
+    "test_convergence.py",
+)
 
 _compile_cache = ""
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
@@ -29,3 +51,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 def pytest_unconfigure() -> None:
     if _compile_cache:  # only in the process that made it: the controller, or a lone process
         shutil.rmtree(_compile_cache, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
