@@ -9,7 +9,8 @@ Beside the plugin, the session's processes share one persistent compilation cach
 folder removed at the end (unless `JAX_COMPILATION_CACHE_DIR` is set): the two xdist workers
 and the `python -m pd.train` processes tests start compile many of the same programs (a toy
 preset's step, evaluation and initializer), and a program is counted in a run's
-`compile.json` whether it was compiled or read from the cache.
+`compile.json` whether it was compiled or read from the cache. The longest test files are
+collected first (`_LONGEST_FIRST`), for the Makefile's two workers.
 """
 
 import os
@@ -20,11 +21,11 @@ import pytest
 
 pytest_plugins = ["pd.testing.plugin"]
 
-# The files that took a minute or more under `.ci/run` (`--durations=0`, 2026-12-03), longest
+# The files that took a minute or more with `CI=true` (`--durations=0`, 2026-12-03), longest
 # first. The Makefile's workers take whole files in collection order (`--no-loadscope-reorder`),
 # so these start first and the run ends on short files: xdist's own order (most tests first)
-# left the 64 s convergence test and the 48 s two-process test to the end, on one worker, while
-# the other had finished 80 s before.
+# left the 64 s convergence test and the 48 s two-process test to the end of one worker, whose
+# files took 1013 s against the other's 934.
 _LONGEST_FIRST = (
     "test_sweep.py",
     "test_lm_recipe.py",
