@@ -65,7 +65,8 @@ Residuals = tuple[BFloat16[Array, "..."], BFloat16[Array, "k n"]]
 
 def _transposed(x: Float[Array, "m k"]) -> BFloat16[Array, "k m"]:
     """`to_bf16(x.T)` in memory: the barrier keeps XLA from folding the transpose into the dot
-    that reads it."""
+    that reads it. Rounded from the float32 `x` in the same pass, not copied from its rounded
+    twin: that copy made the ResidMLP-1 bf16 step 1.05× slower (README, "Speed")."""
     return _barrier(to_bf16(x.T))
 
 
