@@ -35,15 +35,16 @@ def site_out(
     mask: Float[Array, "*L C"] | None = None,
     delta_mask: Float[Array, " *L"] | None = None,
     route: Bool[Array, " *L"] | None = None,
+    products: tuple[Float[Array, "*L C"], Float[Array, "*L d_out"]] | None = None,
 ) -> Float[Array, "*L d_out"]:
-    """`[*L, d_out]`: a live site's output; `None` masks are ones, `None` route is everywhere."""
-    inner = matmul(x, V)
+    """`[*L, d_out]`: a live site's output; `None` masks are ones, `None` route is everywhere;
+    `products` are `(x @ V, x @ W)` where the caller has them."""
+    inner, frozen = (matmul(x, V), matmul(x, W)) if products is None else products
     ones = jnp.ones(inner.shape[:-1], inner.dtype)
     delta = ones if delta_mask is None else delta_mask
     # masked·inner@U + delta·(x@W − inner@U) = (inner·(mask − delta))@U + delta·(x@W): one
     # [C, d_out] matmul instead of two; the [d_in, d_out] delta matrix is never formed (SPEC §3).
     coeff = (1.0 if mask is None else mask) - delta[..., None]
-    frozen = matmul(x, W)
     y = matmul(inner * coeff, U) + delta[..., None] * frozen
     if route is None:
         return y
@@ -56,6 +57,10 @@ class LayerSites(NamedTuple):
     `source` is the persistent source (broadcast over the positions) where the hook's mode is
     `Persistent`, else None. `site_index` is the site's canonical index (the key tree's i); `column`
     its column in the plan entry's routes.
+
+    `clean` says that the site's input in this pass is its clean-path input: the first site in
+    canonical order's, or the only live site's (every other site is frozen). `products` are the
+    site's `CleanProducts`, where the step has them; a pass reuses them where `clean`.
     """
 
     V: Float[Array, "d_in C"]
@@ -65,6 +70,19 @@ class LayerSites(NamedTuple):
     site_index: Int[Array, ""]
     live: Bool[Array, ""]
     column: Int[Array, ""]
+    clean: Bool[Array, ""]
+    products: tuple[Float[Array, "*L C"], Float[Array, "*L d_out"]] | None
+
+
+class CleanProducts(NamedTuple):
+    """`x @ V` (`[n_g, *L, C]`) and `x @ W` (`[n_g, *L, d_out]`) of every site's clean-path
+    input, per shape group. The step computes them once where the CI function reads
+    the first (`mlp`); the passes reuse them at sites whose input is clean, so the loss gradients
+    of every pass and of the CI function reach V through one product `xᵀ ∂inner` a step, and no
+    pass repeats the clean `x @ W` (README, "Where a toy step's time goes")."""
+
+    inner: tuple[Float[Array, "_n ... _C"], ...]
+    frozen: tuple[Float[Array, "_n ... _d_out"], ...]
 
 
 # `hook(kind, sites, x, W) -> y`: every decomposed matmul `x @ W` of a target goes through it.
@@ -149,11 +167,31 @@ def decomposed_hook(mode: SourceMode, routes: Bool[Array, "*L n"] | None = None)
                 source = jnp.broadcast_to(s.source.astype(s.ci_lower.dtype), shape)
             mask, delta = make_mask(s.ci_lower, source)
             route = None if routes is None else routes[..., s.column]
+            y = site_out(x, W, s.V, s.U, mask, delta, route, products(x))
             # The frozen path's dtype, as both branches must return one type.
-            return site_out(x, W, s.V, s.U, mask, delta, route).astype(jnp.result_type(x, W))
+            return y.astype(jnp.result_type(x, W))
+
+        def products(
+            x: Float[Array, "*L d_in"],
+        ) -> tuple[Float[Array, "*L C"], Float[Array, "*L d_out"]]:
+            def computed() -> tuple[Float[Array, "*L C"], Float[Array, "*L d_out"]]:
+                return matmul(x, s.V), matmul(x, W)
+
+            reused = s.products
+            if reused is None:
+                return computed()
+            out: tuple[Float[Array, "*L C"], Float[Array, "*L d_out"]]
+            out = jax.lax.cond(s.clean, lambda: reused, computed)
+            return out
 
         def frozen(x: Float[Array, "*L d_in"]) -> Float[Array, "*L d_out"]:
-            return matmul(x, W)
+            if s.products is None:
+                return matmul(x, W)
+            reused = s.products[1]
+            y: Float[Array, "*L d_out"] = jax.lax.cond(
+                s.clean, lambda: reused, lambda: matmul(x, W)
+            )
+            return y
 
         y: Float[Array, "*L d_out"] = jax.lax.cond(s.live, live, frozen, x)
         return y
@@ -168,10 +206,12 @@ def layer_sites(
     ci_lower: tuple[Float[Array, "_n ... _C"], ...],
     sources: tuple[Float[Array, "_n ... _Cp1"], ...] | None = None,
     live: dict[str, Bool[Array, " n_layers"]] | None = None,
+    products: CleanProducts | None = None,
 ) -> dict[str, LayerSites]:
     """Per decomposed kind, its sites' `LayerSites` stacked over the layers, from the per-group
     storage. `live` (default: every site) is per kind and layer; a layer without a site of the
-    kind is never live. Route columns are 0 (a plan entry sets its own)."""
+    kind is never live. Route columns are 0 (a plan entry sets its own); the first site is
+    `clean` (a plan entry with one live site makes that one clean too)."""
     out = {}
     for kind in table.kinds:
         lay = table.layout(kind)
@@ -184,6 +224,10 @@ def layer_sites(
             site_index=jnp.asarray([max(i, 0) for i in lay.indices], jnp.int32),
             live=present if live is None else present & live[kind],
             column=jnp.zeros(table.n_layers, jnp.int32),
+            clean=jnp.asarray([i == 0 for i in lay.indices]),
+            products=None
+            if products is None
+            else (table.by_kind(products.inner, kind), table.by_kind(products.frozen, kind)),
         )
     return out
 

@@ -91,8 +91,8 @@ def test_i1_ci_params_batched_equal_per_site_unrolled() -> None:
     ci_key = jax.random.fold_in(init_key, 1)
     for i, site in enumerate(table.sites):
         net = site_ci_transform(recipe.ci_fn.kind, recipe.ci_fn.hidden, site.C)
-        x, V = jnp.zeros((1, site.d_in)), jnp.zeros((site.d_in, site.C))
-        ref = jax.jit(net.init)(jax.random.fold_in(ci_key, i), x, V)
+        a = jnp.zeros((1, site.C if recipe.ci_fn.kind == "mlp" else site.d_in))
+        ref = jax.jit(net.init)(jax.random.fold_in(ci_key, i), a)
         g, slot = table.where(site.name)
         got = jax.tree.map(lambda a, slot=slot: a[slot], batched[g])
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
@@ -130,7 +130,7 @@ def test_per_subcomponent_mlps_compute_the_plain_mlp_and_its_gradient(
     net = site_ci_transform(kind, widths, C)
     x = jax.random.normal(jax.random.key(0), (3, 4, d_in))
     V = jax.random.normal(jax.random.key(1), (d_in, C))
-    params = net.init(jax.random.key(2), x, V)
+    params = net.init(jax.random.key(2), (x @ V) if kind == "mlp" else x)
     # zero-initialized biases would leave their gradients' paths unchecked
     params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape), params)
     cot = jax.random.normal(jax.random.key(4), (3, 4, C))
@@ -147,8 +147,12 @@ def test_per_subcomponent_mlps_compute_the_plain_mlp_and_its_gradient(
     def loss(f: Callable[[hk.Params, jax.Array, jax.Array], jax.Array]) -> Callable[..., jax.Array]:
         return lambda params, x, V: jnp.sum(f(params, x, V) * cot)
 
-    np.testing.assert_allclose(net.apply(params, x, V), plain(params, x, V), rtol=1e-5, atol=1e-6)
-    got = jax.grad(loss(net.apply), argnums=(0, 1, 2))(params, x, V)
+    def ours(params: hk.Params, x: jax.Array, V: jax.Array) -> jax.Array:
+        out: jax.Array = net.apply(params, (x @ V) if kind == "mlp" else x)
+        return out
+
+    np.testing.assert_allclose(ours(params, x, V), plain(params, x, V), rtol=1e-5, atol=1e-6)
+    got = jax.grad(loss(ours), argnums=(0, 1, 2))(params, x, V)
     want = jax.grad(loss(plain), argnums=(0, 1, 2))(params, x, V)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
@@ -338,3 +342,39 @@ def test_the_steps_compile_options_take_the_same_steps() -> None:
     for a, narrow, default in zip(*runs, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(narrow), rtol=1e-6, atol=1e-9)
         np.testing.assert_allclose(np.asarray(a), np.asarray(default), rtol=1e-5, atol=1e-7)
+
+
+def test_passes_reuse_the_clean_products_at_sites_with_a_clean_input(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the `mlp` CI function the step computes each site's clean `x @ V` and `x @ W` once
+    and a pass reuses them where the site's input is clean: the first site's, and in an entry
+    with one live site that site's (`pd.decompose.CleanProducts`). Three steps of TMS 5-2 with
+    its identity site (linear1, hidden.0, linear2), every reconstruction plan, the adversary and
+    the CI-masked term give the states and metrics of the same steps with no reuse, to float32
+    rounding: reusing a product at a site whose input is not clean would show."""
+    from pd.train.step import Recipe, step_fn
+
+    recon = "[{plan='all'}, {plan='per_site'}, {plan='chunks', k=2}, {plan='subset'}]"
+    overrides = ["ci_fn=mlp", "train.batch=64", "train.faith_warmup_steps=0", f"loss.recon={recon}"]
+    overrides += ["loss.adversary.coeff=0.5", "loss.adversary.n_warmup=1", "loss.ci_masked=0.5"]
+    recipe = make_recipe(load_config("tms_5-2-id", overrides))
+    toy = as_toy(recipe.target)
+    frozen = toy.expand(toy.init_train(jax.random.key(0)))
+    init_key, src_key, run_key = key_tree(0)
+    sample = make_sampler(toy, 64)
+
+    def three_steps() -> list[jax.Array]:
+        step = jax.jit(step_fn(recipe))
+        state = init_train_state(recipe, init_key, src_key)
+        for s in range(3):
+            state, metrics = step(state, frozen, sample(run_key, jnp.asarray(s)), run_key)
+        return jax.tree.leaves((state, metrics))
+
+    taps, _ = recipe.target.taps(frozen, sample(run_key, jnp.asarray(0)))
+    comps = init_train_state(recipe, init_key, src_key).components
+    assert recipe.products(frozen, taps, recipe.ci_fn.inner(taps, comps.V)) is not None
+    reused = three_steps()
+    monkeypatch.setattr(Recipe, "products", lambda self, frozen, taps, inner: None)
+    for a, b in zip(reused, three_steps(), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

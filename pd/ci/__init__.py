@@ -10,11 +10,14 @@ from jaxtyping import Array, Float, Key
 
 from pd.ci.mlp import PerSiteCIKind, site_ci_transform
 from pd.ci.squash import lower_leaky_hard, upper_leaky_hard
+from pd.precision import matmul
 from pd.sites import SiteTable, input_tap
 
 GroupParams = tuple[hk.Params, ...]
 # Clean-path activations by name, stacked over the layers (S4; see `pd.targets.base.Taps`).
 Taps = dict[str, Float[Array, "_n B ..."]]
+# Each site's inner activations `x @ V` on its clean path, `[n_g, *L, C]` per shape group.
+Inner = tuple[Float[Array, "_n ... _C"], ...]
 
 
 class CI(NamedTuple):
@@ -36,13 +39,17 @@ def squash(logits: tuple[Float[Array, "_n ... _C"], ...]) -> CI:
 
 @runtime_checkable
 class CIFunction(Protocol):
-    """A CI function: parameters from the CI key, and CI of every site from the taps (§4)."""
+    """A CI function: parameters from the CI key, and CI of every site from the taps and, for
+    a function that reads them, the sites' clean inner activations (§4)."""
 
     def init(self, ci_key: Key[Array, ""]) -> GroupParams: ...
 
-    def ci(
-        self, params: GroupParams, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]
-    ) -> CI: ...
+    def inner(self, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]) -> Inner | None:
+        """The clean inner activations the function reads, or None if it reads none. The step
+        computes them once and the masked passes reuse them (`pd.decompose.CleanProducts`)."""
+        ...
+
+    def ci(self, params: GroupParams, taps: Taps, inner: Inner | None) -> CI: ...
 
 
 @dataclass(frozen=True)
@@ -62,25 +69,32 @@ class PerSiteCI:
         for g, grp in enumerate(self.table.groups):
             idx = jnp.asarray(self.table.group_indices(g), dtype=jnp.uint32)
             keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(ci_key, idx)
-            x = jnp.zeros((1, grp.d_in), jnp.float32)
-            V = jnp.zeros((grp.d_in, grp.C), jnp.float32)
-            out.append(jax.vmap(self._net(g).init, in_axes=(0, None, None))(keys, x, V))
+            a = jnp.zeros((1, grp.C if self.kind == "mlp" else grp.d_in), jnp.float32)
+            out.append(jax.vmap(self._net(g).init, in_axes=(0, None))(keys, a))
         return tuple(out)
 
-    def apply(
-        self,
-        params: GroupParams,
-        inputs: tuple[Float[Array, "_n ... _d_in"], ...],
-        V: tuple[Float[Array, "_n _d_in _C"], ...],
-    ) -> CI:
-        """CI of every site from its input `x` (and `V`, for the `mlp` kind), per group."""
+    def apply(self, params: GroupParams, inputs: tuple[Float[Array, "_n ... _"], ...]) -> CI:
+        """CI of every site from its network's input, per group: the inner activations for the
+        `mlp` kind, the site's input otherwise."""
         logits = tuple(
-            jax.vmap(self._net(g).apply)(params[g], inputs[g], V[g])
+            jax.vmap(self._net(g).apply)(params[g], inputs[g])
             for g in range(len(self.table.groups))
         )
         return squash(logits)
 
-    def ci(self, params: GroupParams, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]) -> CI:
-        """CI of every site from its own input, read from its kind's input tap."""
-        inputs = self.table.from_kinds({k: taps[input_tap(k)] for k in self.table.kinds})
-        return self.apply(params, inputs, V)
+    def _inputs(self, taps: Taps) -> tuple[Float[Array, "_n ... _d_in"], ...]:
+        """Each site's input, read from its kind's input tap, per group."""
+        return self.table.from_kinds({k: taps[input_tap(k)] for k in self.table.kinds})
+
+    def inner(self, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]) -> Inner | None:
+        """`x @ V` of every site's clean input for the `mlp` kind, whose only input it is."""
+        if self.kind != "mlp":
+            return None
+        return tuple(jax.vmap(matmul)(x, v) for x, v in zip(self._inputs(taps), V, strict=True))
+
+    def ci(self, params: GroupParams, taps: Taps, inner: Inner | None) -> CI:
+        """CI of every site from its clean inner activations (`mlp`) or its own input."""
+        if self.kind == "mlp":
+            assert inner is not None, "the mlp CI function reads the inner activations"
+            return self.apply(params, inner)
+        return self.apply(params, self._inputs(taps))

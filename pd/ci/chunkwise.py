@@ -12,7 +12,7 @@ import numpy as np
 from jaxtyping import Array, Float, Key
 
 from pd import loops
-from pd.ci import CI, GroupParams, Taps, squash
+from pd.ci import CI, GroupParams, Inner, Taps, squash
 from pd.rope import rope, rope_tables
 from pd.sites import SiteTable
 
@@ -164,8 +164,12 @@ class ChunkwiseCI:
     def init(self, ci_key: Key[Array, ""]) -> GroupParams:
         return self.transformer.init(ci_key)
 
-    def ci(self, params: GroupParams, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]) -> CI:
-        del V  # the transformer reads the residual stream only
+    def inner(self, taps: Taps, V: tuple[Float[Array, "_n _d_in _C"], ...]) -> Inner | None:
+        del taps, V
+        return None  # the transformer reads the residual stream only
+
+    def ci(self, params: GroupParams, taps: Taps, inner: Inner | None) -> CI:
+        del inner
         per_slot = self.transformer.apply(params, taps["resid"])
         where = {
             s: (j, i) for i, c in enumerate(self.transformer.chunks) for j, s in enumerate(c.sites)

@@ -160,16 +160,17 @@ def _shared_mlp(
 
 
 def site_ci_transform(kind: PerSiteCIKind, widths: tuple[int, ...], C: int) -> hk.Transformed:
-    """`hk.Transformed` mapping one site's `(x [*L, d_in], V [d_in, C])` to CI logits `[*L, C]`."""
+    """`hk.Transformed` mapping one site's network input to CI logits `[*L, C]`: its inner
+    activations `x @ V` (`[*L, C]`) for `mlp`, its input `x` (`[*L, d_in]`) otherwise."""
 
-    def forward(x: Float[Array, "*L d_in"], V: Float[Array, "d_in C"]) -> Float[Array, "*L C"]:
+    def forward(a: Float[Array, "*L _"]) -> Float[Array, "*L C"]:
         with hk.name_scope(kind):
             if kind == "mlp":
                 # The scalar inner activation of each subcomponent is its MLP's only input.
-                return _per_subcomponent_mlp(matmul(x, V)[..., None], widths, C, False)
+                return _per_subcomponent_mlp(a[..., None], widths, C, False)
             if kind == "vector_mlp":
-                return _per_subcomponent_mlp(x, widths, C, True)
-            return _shared_mlp(x, widths, C)
+                return _per_subcomponent_mlp(a, widths, C, True)
+            return _shared_mlp(a, widths, C)
 
     net: hk.Transformed = hk.without_apply_rng(hk.transform(forward))
     return net

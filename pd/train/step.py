@@ -19,10 +19,12 @@ from jaxtyping import Array, Float, Int, Key
 
 from pd import loops
 from pd.adversary import SourceAdam, Sources, ascend
-from pd.ci import CI, CIFunction, GroupParams
+from pd.ci import CI, CIFunction, GroupParams, Inner
 from pd.decompose import (
+    CleanProducts,
     Constant,
     Draw,
+    LayerSites,
     Persistent,
     Sites,
     SourceMode,
@@ -38,8 +40,8 @@ from pd.losses import (
     recon_plan,
     uniform_k_routing,
 )
-from pd.precision import compute
-from pd.sites import SiteTable
+from pd.precision import compute, matmul
+from pd.sites import SiteTable, input_tap
 from pd.state import Components, TrainState
 from pd.targets.base import Batch, Output, Taps, Target, ToyTarget
 from pd.train.config import LossConfig, ReconTerm, TrainConfig
@@ -55,8 +57,9 @@ CI_ACTIVE = 0.1  # CI-L0 counts subcomponents with ci_lower above this (SPEC §1
 
 class PassInputs(NamedTuple):
     """What every masked forward on one batch reads: the frozen target, the batch, the
-    components, the CI (masks only), the clean output it is compared with and the clean taps
-    (a target resumes from them after its frozen leading layers)."""
+    components, the CI (masks only), the clean output it is compared with, the clean taps
+    (a target resumes from them after its frozen leading layers) and, where the step has them,
+    the clean products that a site with a clean input reuses."""
 
     frozen: hk.Params
     x: Batch
@@ -64,6 +67,7 @@ class PassInputs(NamedTuple):
     ci_lower: CILower
     clean: Output
     taps: Taps
+    products: CleanProducts | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,17 @@ class Recipe:
     ) -> tuple[CI, Output]:
         """`(CI, clean output)`: the CI function reads the clean-path taps (S4)."""
         taps, clean = self.target.taps(frozen, x)
-        return self.ci_fn.ci(ci_params, taps, comps.V), clean
+        return self.ci_fn.ci(ci_params, taps, self.ci_fn.inner(taps, comps.V)), clean
+
+    def products(self, frozen: hk.Params, taps: Taps, inner: Inner | None) -> CleanProducts | None:
+        """The clean products, where the CI function reads the inner activations (`inner`)."""
+        if inner is None:
+            return None
+        W = self.table.from_kinds(self.target.weights(frozen))
+        x = self.table.from_kinds({k: taps[input_tap(k)] for k in self.table.kinds})
+        return CleanProducts(
+            inner, tuple(jax.vmap(matmul)(a, w) for a, w in zip(x, W, strict=True))
+        )
 
     def forward(self, inp: PassInputs, sites: Sites) -> Output:
         """The target's output with `sites`, resumed from the clean taps."""
@@ -103,7 +117,10 @@ class Recipe:
         self, inp: PassInputs, mode: SourceMode, sources: Sources | None = None
     ) -> Output:
         """The output with every site live and routed everywhere, S1 masks from `mode`."""
-        sites = layer_sites(self.table, inp.comps.V, inp.comps.U, inp.ci_lower, sources)
+        comps = inp.comps
+        sites = layer_sites(
+            self.table, comps.V, comps.U, inp.ci_lower, sources, products=inp.products
+        )
         return self.forward(inp, Sites(decomposed_hook(mode), sites))
 
 
@@ -131,7 +148,7 @@ def stochastic_recon(
     routed = entries[0].routed  # one routing kind per plan
     width = max(len(e.live) for e in entries)
     leading = inp.ci_lower[0].shape[1:-1]
-    base = layer_sites(table, inp.comps.V, inp.comps.U, inp.ci_lower)
+    base = layer_sites(table, inp.comps.V, inp.comps.U, inp.ci_lower, products=inp.products)
     n_draws = recipe.loss.n_mask_samples
     rows = np.arange(len(entries) * n_draws)
     entry_of, draw_of = jnp.asarray(rows // n_draws), jnp.asarray(rows % n_draws)
@@ -140,10 +157,13 @@ def stochastic_recon(
         j, d = row
         src_key, route_key = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, j), d))
         routes = uniform_k_routing(route_key, leading, width, plan.n_live[j]) if routed else None
-        sites = {
-            kind: s._replace(live=s.live & plan.live[kind][j], column=plan.column[kind][j])
-            for kind, s in base.items()
-        }
+        alone = plan.n_live[j] == 1  # every other site frozen: the live one's input is clean
+
+        def entry(s: LayerSites, kind: str) -> LayerSites:
+            live = s.live & plan.live[kind][j]
+            return s._replace(live=live, column=plan.column[kind][j], clean=s.clean | alone & live)
+
+        sites = {kind: entry(s, kind) for kind, s in base.items()}
         hook = decomposed_hook(Draw(src_key), routes)
         out = recipe.forward(inp, Sites(hook, sites))
         return recipe.divergence(out, inp.clean)
@@ -184,14 +204,18 @@ def losses(
     comps: Components,
     ci: CI,
     sources: Sources,
+    products: CleanProducts | None,
     inputs: tuple[hk.Params, Batch, Output, Taps],
     step_key: Key[Array, ""],
     step: Int[Array, ""],
 ) -> tuple[Float[Array, ""], Metrics]:
-    """The total loss given this step's CI, and every term under its own name."""
+    """The total loss given this step's CI and clean products (a gradient reaches their inner
+    activations, none the frozen `x @ W`), and every term under its own name."""
     cfg = recipe.loss
     frozen, x, clean, taps = inputs
-    inp = PassInputs(frozen, x, comps, ci.lower, clean, taps)
+    if products is not None:
+        products = products._replace(frozen=jax.lax.stop_gradient(products.frozen))
+    inp = PassInputs(frozen, x, comps, ci.lower, clean, taps, products)
     faith = faithfulness(recipe.table, recipe.target.weights(frozen), comps.V, comps.U)
     p = schedule_value(cfg.p, recipe.train.steps, step)
     lp, freq = importance_terms(ci.upper, p, cfg.eps, cfg.reference_token_count)
@@ -224,10 +248,15 @@ def evaluate_batch(
     comps = state.components
     with loops.unroll(recipe.train.unroll), compute(recipe.train.compute_dtype):  # trace time
         taps, clean = recipe.target.taps(frozen, x)
-        ci = recipe.ci_fn.ci(state.ci_params, taps, comps.V)
+        inner = recipe.ci_fn.inner(taps, comps.V)
+        ci = recipe.ci_fn.ci(state.ci_params, taps, inner)
+        products = recipe.products(frozen, taps, inner)
         inputs = (frozen, x, clean, taps)
-        _, metrics = losses(recipe, comps, ci, state.sources, inputs, step_key, state.step)
-        metrics |= monitors(recipe, PassInputs(frozen, x, comps, ci.lower, clean, taps))
+        _, metrics = losses(
+            recipe, comps, ci, state.sources, products, inputs, step_key, state.step
+        )
+        inp = PassInputs(frozen, x, comps, ci.lower, clean, taps, products)
+        metrics |= monitors(recipe, inp)
     return metrics, ci
 
 
@@ -244,8 +273,10 @@ def state_monitors(recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batc
     comps = state.components
     with loops.unroll(recipe.train.unroll), compute(recipe.train.compute_dtype):  # trace time
         taps, clean = recipe.target.taps(frozen, x)
-        ci = recipe.ci_fn.ci(state.ci_params, taps, comps.V)
-        return monitors(recipe, PassInputs(frozen, x, comps, ci.lower, clean, taps))
+        inner = recipe.ci_fn.inner(taps, comps.V)
+        ci = recipe.ci_fn.ci(state.ci_params, taps, inner)
+        products = recipe.products(frozen, taps, inner)
+        return monitors(recipe, PassInputs(frozen, x, comps, ci.lower, clean, taps, products))
 
 
 StepFn = Callable[[TrainState, hk.Params, Batch, Key[Array, ""]], tuple[TrainState, Metrics]]
@@ -270,15 +301,20 @@ def step_fn(recipe: Recipe) -> StepFn:
         step_key = jax.random.fold_in(run_key, state.step)
         comps = state.components
 
-        # The clean pass (S3: no gradient reaches it) and the CI function run once per step;
-        # the CI function's vjp carries the loss gradients back to it.
+        # The clean pass (S3: no gradient reaches it), the clean products and the CI function
+        # run once per step; their vjps carry the loss gradients back to them, those of the
+        # inner activations summed over the CI function and every pass that reuses them.
         taps, clean = jax.lax.stop_gradient(recipe.target.taps(frozen, x))
-        ci, ci_vjp = jax.vjp(lambda p, c: recipe.ci_fn.ci(p, taps, c.V), state.ci_params, comps)
+        inner, inner_vjp = jax.vjp(lambda V: recipe.ci_fn.inner(taps, V), comps.V)
+        products = recipe.products(frozen, taps, inner)
+        ci, ci_vjp = jax.vjp(lambda p, i: recipe.ci_fn.ci(p, taps, i), state.ci_params, inner)
         sources, source_opt = state.sources, state.source_opt
         if adv.coeff > 0:
             source_lr = schedule_value(adv.lr, recipe.train.steps, state.step)  # once per step
-            fixed_comps, fixed_lower = jax.lax.stop_gradient((comps, ci.lower))
-            fixed = PassInputs(frozen, x, fixed_comps, fixed_lower, clean, taps)
+            fixed_comps, fixed_lower, fixed_products = jax.lax.stop_gradient(
+                (comps, ci.lower, products)
+            )
+            fixed = PassInputs(frozen, x, fixed_comps, fixed_lower, clean, taps, fixed_products)
 
             def warmup_ascent(carry: tuple[Sources, SourceAdam]) -> tuple[Sources, SourceAdam]:
                 # S13: ascents on detached components and CI.
@@ -288,13 +324,19 @@ def step_fn(recipe: Recipe) -> StepFn:
 
             sources, source_opt = loops.repeat(adv.n_warmup, warmup_ascent, (sources, source_opt))
         grad_fn = jax.value_and_grad(
-            lambda c, i, s: losses(recipe, c, i, s, (frozen, x, clean, taps), step_key, state.step),
-            argnums=(0, 1, 2),
+            lambda c, i, s, p: losses(
+                recipe, c, i, s, p, (frozen, x, clean, taps), step_key, state.step
+            ),
+            argnums=(0, 1, 2, 3),
             has_aux=True,
         )
-        (_, metrics), (g_comps, g_ci, g_sources) = grad_fn(comps, ci, sources)
-        g_ci_params, g_comps_via_ci = ci_vjp(g_ci)
-        g_comps = jax.tree.map(jnp.add, g_comps, g_comps_via_ci)
+        (_, metrics), (g_comps, g_ci, g_sources, g_products) = grad_fn(comps, ci, sources, products)
+        g_ci_params, g_inner = ci_vjp(g_ci)
+        if g_products is not None:
+            g_inner = jax.tree.map(jnp.add, g_inner, g_products.inner)
+        if inner is not None:
+            (g_V,) = inner_vjp(g_inner)
+            g_comps = g_comps._replace(V=jax.tree.map(jnp.add, g_comps.V, g_V))
         if adv.coeff > 0:
             # S14: the final ascent uses this backward's source gradient, without the coefficient.
             g_term = jax.tree.map(lambda g: g / adv.coeff, g_sources)
