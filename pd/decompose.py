@@ -71,18 +71,19 @@ class LayerSites(NamedTuple):
     live: Bool[Array, ""]
     column: Int[Array, ""]
     clean: Bool[Array, ""]
-    products: tuple[Float[Array, "*L C"], Float[Array, "*L d_out"]] | None
+    products: tuple[Float[Array, "*L C"], Float[Array, "*L d_out"] | None] | None
 
 
 class CleanProducts(NamedTuple):
     """`x @ V` (`[n_g, *L, C]`) and `x @ W` (`[n_g, *L, d_out]`) of every site's clean-path
-    input, per shape group. The step computes them once where the CI function reads
-    the first (`mlp`); the passes reuse them at sites whose input is clean, so the loss gradients
-    of every pass and of the CI function reach V through one product `xᵀ ∂inner` a step, and no
-    pass repeats the clean `x @ W` (README, "Where a toy step's time goes")."""
+    input, per shape group: the first where the CI function reads it (`mlp`), the second where
+    the target taps its sites' outputs (`pd.sites.output_tap`; else None). The passes reuse them
+    at sites whose input is clean, so the loss gradients of every pass and of the CI function
+    reach V through one product `xᵀ ∂inner` a step, and no pass repeats the clean `x @ W`
+    (README, "Where a toy step's time goes")."""
 
     inner: tuple[Float[Array, "_n ... _C"], ...]
-    frozen: tuple[Float[Array, "_n ... _d_out"], ...]
+    frozen: tuple[Float[Array, "_n ... _d_out"], ...] | None
 
 
 # `hook(kind, sites, x, W) -> y`: every decomposed matmul `x @ W` of a target goes through it.
@@ -174,23 +175,22 @@ def decomposed_hook(mode: SourceMode, routes: Bool[Array, "*L n"] | None = None)
         def products(
             x: Float[Array, "*L d_in"],
         ) -> tuple[Float[Array, "*L C"], Float[Array, "*L d_out"]]:
-            def computed() -> tuple[Float[Array, "*L C"], Float[Array, "*L d_out"]]:
+            """`(x @ V, x @ W)`: the step's clean products where the site's input is clean."""
+            if s.products is None:
                 return matmul(x, s.V), matmul(x, W)
-
-            reused = s.products
-            if reused is None:
-                return computed()
-            out: tuple[Float[Array, "*L C"], Float[Array, "*L d_out"]]
-            out = jax.lax.cond(s.clean, lambda: reused, computed)
-            return out
+            inner, out = s.products
+            if out is None:
+                return jax.lax.cond(s.clean, lambda: inner, lambda: matmul(x, s.V)), matmul(x, W)
+            both: tuple[Float[Array, "*L C"], Float[Array, "*L d_out"]] = jax.lax.cond(
+                s.clean, lambda: (inner, out), lambda: (matmul(x, s.V), matmul(x, W))
+            )
+            return both
 
         def frozen(x: Float[Array, "*L d_in"]) -> Float[Array, "*L d_out"]:
-            if s.products is None:
+            out = None if s.products is None else s.products[1]
+            if out is None:
                 return matmul(x, W)
-            reused = s.products[1]
-            y: Float[Array, "*L d_out"] = jax.lax.cond(
-                s.clean, lambda: reused, lambda: matmul(x, W)
-            )
+            y: Float[Array, "*L d_out"] = jax.lax.cond(s.clean, lambda: out, lambda: matmul(x, W))
             return y
 
         y: Float[Array, "*L d_out"] = jax.lax.cond(s.live, live, frozen, x)
@@ -225,11 +225,17 @@ def layer_sites(
             live=present if live is None else present & live[kind],
             column=jnp.zeros(table.n_layers, jnp.int32),
             clean=jnp.asarray([i == 0 for i in lay.indices]),
-            products=None
-            if products is None
-            else (table.by_kind(products.inner, kind), table.by_kind(products.frozen, kind)),
+            products=None if products is None else _products_of(table, products, kind),
         )
     return out
+
+
+def _products_of(
+    table: SiteTable, products: CleanProducts, kind: str
+) -> tuple[Float[Array, "_L ... _C"], Float[Array, "_L ... _d_out"] | None]:
+    """One kind's clean products, stacked per layer."""
+    out = None if products.frozen is None else table.by_kind(products.frozen, kind)
+    return table.by_kind(products.inner, kind), out
 
 
 def site_weights(

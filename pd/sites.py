@@ -31,6 +31,13 @@ def input_tap(kind: str) -> str:
     return f"in.{kind}"
 
 
+def output_tap(kind: str) -> str:
+    """The tap holding the clean-path outputs `x @ W` of a kind's sites, stacked over the layers:
+    a target may write it (the toys do), and the step's passes then reuse it where a site's
+    input is clean (`pd.decompose.CleanProducts`)."""
+    return f"out.{kind}"
+
+
 def _slots(groups: "Sequence[ShapeGroup | CGroup]") -> dict[str, tuple[int, int]]:
     return {n: (g, j) for g, grp in enumerate(groups) for j, n in enumerate(grp.names)}
 

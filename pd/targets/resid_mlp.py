@@ -12,7 +12,7 @@ from pd import loops, rng
 from pd.decompose import LayerSites, Sites, apply_site
 from pd.init import scaled_normal
 from pd.precision import matmul
-from pd.sites import SiteSpec, SiteTable, input_tap
+from pd.sites import SiteSpec, SiteTable, input_tap, output_tap
 from pd.targets.base import LayerTaps, Taps, TargetBase, TrainParams
 
 
@@ -39,8 +39,8 @@ class ResidMLP(TargetBase):
     def apply(
         self, params: hk.Params, x: Float[Array, "B n"], sites: Sites
     ) -> tuple[Float[Array, "B n"], Taps]:
-        """The output and every site's input, the layers under one scan (not checkpointed: a
-        toy's activations are small)."""
+        """The output, and every site's input and output, the layers under one scan (not
+        checkpointed: a toy's activations are small)."""
         return self._layers(params, matmul(x, params["~"]["embed"]), sites)
 
     def resume(
@@ -60,9 +60,11 @@ class ResidMLP(TargetBase):
             xs: tuple[Float[Array, "d h"], Float[Array, "h d"], dict[str, LayerSites]],
         ) -> tuple[Float[Array, "B d"], LayerTaps]:
             W_in, W_out, here = xs
-            hidden = jax.nn.relu(apply_site(sites.hook, here, "mlp_in", r, W_in))
-            out = r + apply_site(sites.hook, here, "mlp_out", hidden, W_out)
-            return out, {input_tap("mlp_in"): r, input_tap("mlp_out"): hidden}
+            pre = apply_site(sites.hook, here, "mlp_in", r, W_in)
+            hidden = jax.nn.relu(pre)
+            mlp = apply_site(sites.hook, here, "mlp_out", hidden, W_out)
+            taps = {input_tap("mlp_in"): r, input_tap("mlp_out"): hidden}
+            return r + mlp, taps | {output_tap("mlp_in"): pre, output_tap("mlp_out"): mlp}
 
         r, taps = loops.scan(layer, r0, (p["mlp_in"], p["mlp_out"], sites.layers))
         return matmul(r, p["embed"].T), taps

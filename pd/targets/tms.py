@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Key
 
 from pd import rng
 from pd.decompose import Sites, apply_site, layer_of
-from pd.sites import SiteSpec, SiteTable, input_tap
+from pd.sites import SiteSpec, SiteTable, input_tap, output_tap
 from pd.targets.base import Taps, TargetBase, TrainParams
 
 
@@ -41,13 +41,14 @@ class TMS(TargetBase):
     def apply(
         self, params: hk.Params, x: Float[Array, "B n"], sites: Sites
     ) -> tuple[Float[Array, "B n"], Taps]:
-        """The output and every site's input (`in.{site}`, one layer)."""
+        """The output, and every site's input and output (`in.{site}`, `out.{site}`, one layer)."""
         p, layer = params["~"], layer_of(sites, 0)
         taps: Taps = {}
 
         def site(name: str, h: Float[Array, "B d"]) -> Float[Array, "B e"]:
-            taps[input_tap(name)] = h[None]
-            return apply_site(sites.hook, layer, name, h, p[_param(name)])
+            y = apply_site(sites.hook, layer, name, h, p[_param(name)])
+            taps[input_tap(name)], taps[output_tap(name)] = h[None], y[None]
+            return y
 
         h = site("linear1", x)
         for i in range(self.n_identity):

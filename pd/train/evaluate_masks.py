@@ -50,9 +50,7 @@ def make_mask_eval_step(recipe: Recipe) -> MaskEvalFn:
         taps, clean = recipe.target.taps(frozen, x)
         inner = recipe.ci_fn.inner(taps, comps.V)
         ci = recipe.ci_fn.ci(state.ci_params, taps, inner)
-        inp = PassInputs(
-            frozen, x, comps, ci.lower, clean, taps, recipe.products(frozen, taps, inner)
-        )
+        inp = PassInputs(frozen, x, comps, ci.lower, clean, taps, recipe.products(taps, inner))
         no_ci = inp._replace(ci_lower=tuple(jnp.zeros_like(lower) for lower in ci.lower))
         outputs: dict[str, Output] = {
             "ci_masked": recipe.all_live_output(inp, Constant(0.0)),

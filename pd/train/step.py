@@ -40,8 +40,8 @@ from pd.losses import (
     recon_plan,
     uniform_k_routing,
 )
-from pd.precision import compute, matmul
-from pd.sites import SiteTable, input_tap
+from pd.precision import compute
+from pd.sites import SiteTable, output_tap
 from pd.state import Components, TrainState
 from pd.targets.base import Batch, Output, Taps, Target, ToyTarget
 from pd.train.config import LossConfig, ReconTerm, TrainConfig
@@ -95,14 +95,15 @@ class Recipe:
         taps, clean = self.target.taps(frozen, x)
         return self.ci_fn.ci(ci_params, taps, self.ci_fn.inner(taps, comps.V)), clean
 
-    def products(self, frozen: hk.Params, taps: Taps, inner: Inner | None) -> CleanProducts | None:
-        """The clean products, where the CI function reads the inner activations (`inner`)."""
+    def products(self, taps: Taps, inner: Inner | None) -> CleanProducts | None:
+        """The clean products, where the CI function reads the inner activations (`inner`); their
+        `x @ W` where the target taps its sites' outputs."""
         if inner is None:
             return None
-        W = self.table.from_kinds(self.target.weights(frozen))
-        x = self.table.from_kinds({k: taps[input_tap(k)] for k in self.table.kinds})
+        if not all(output_tap(k) in taps for k in self.table.kinds):
+            return CleanProducts(inner, None)
         return CleanProducts(
-            inner, tuple(jax.vmap(matmul)(a, w) for a, w in zip(x, W, strict=True))
+            inner, self.table.from_kinds({k: taps[output_tap(k)] for k in self.table.kinds})
         )
 
     def forward(self, inp: PassInputs, sites: Sites) -> Output:
@@ -213,7 +214,7 @@ def losses(
     activations, none the frozen `x @ W`), and every term under its own name."""
     cfg = recipe.loss
     frozen, x, clean, taps = inputs
-    if products is not None:
+    if products is not None:  # (S3: the clean pass's outputs get no gradient)
         products = products._replace(frozen=jax.lax.stop_gradient(products.frozen))
     inp = PassInputs(frozen, x, comps, ci.lower, clean, taps, products)
     faith = faithfulness(recipe.table, recipe.target.weights(frozen), comps.V, comps.U)
@@ -250,7 +251,7 @@ def evaluate_batch(
         taps, clean = recipe.target.taps(frozen, x)
         inner = recipe.ci_fn.inner(taps, comps.V)
         ci = recipe.ci_fn.ci(state.ci_params, taps, inner)
-        products = recipe.products(frozen, taps, inner)
+        products = recipe.products(taps, inner)
         inputs = (frozen, x, clean, taps)
         _, metrics = losses(
             recipe, comps, ci, state.sources, products, inputs, step_key, state.step
@@ -275,7 +276,7 @@ def state_monitors(recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batc
         taps, clean = recipe.target.taps(frozen, x)
         inner = recipe.ci_fn.inner(taps, comps.V)
         ci = recipe.ci_fn.ci(state.ci_params, taps, inner)
-        products = recipe.products(frozen, taps, inner)
+        products = recipe.products(taps, inner)
         return monitors(recipe, PassInputs(frozen, x, comps, ci.lower, clean, taps, products))
 
 
@@ -306,7 +307,7 @@ def step_fn(recipe: Recipe) -> StepFn:
         # inner activations summed over the CI function and every pass that reuses them.
         taps, clean = jax.lax.stop_gradient(recipe.target.taps(frozen, x))
         inner, inner_vjp = jax.vjp(lambda V: recipe.ci_fn.inner(taps, V), comps.V)
-        products = recipe.products(frozen, taps, inner)
+        products = recipe.products(taps, inner)
         ci, ci_vjp = jax.vjp(lambda p, i: recipe.ci_fn.ci(p, taps, i), state.ci_params, inner)
         sources, source_opt = state.sources, state.source_opt
         if adv.coeff > 0:
