@@ -20,7 +20,7 @@ from pd.train.evaluate import (
     known_answer_metrics,
     site_max,
 )
-from pd.train.step import Metrics, PassInputs, Recipe, ci_l0
+from pd.train.step import Metrics, Recipe, ci_l0
 from pd.xla import compiler_options, one_per_value
 
 Tokens = Int[Array, "B T"]
@@ -46,11 +46,7 @@ def make_mask_eval_step(recipe: Recipe) -> MaskEvalFn:
     def eval_step(
         state: TrainState, frozen: hk.Params, x: Batch, key: Key[Array, ""]
     ) -> tuple[Metrics, tuple[Float[Array, "_n _C"], ...]]:
-        comps = state.components
-        taps, clean = recipe.target.taps(frozen, x)
-        inner = recipe.ci_fn.inner(taps, comps.V)
-        ci = recipe.ci_fn.ci(state.ci_params, taps, inner)
-        inp = PassInputs(frozen, x, comps, ci.lower, clean, taps, recipe.products(taps, inner))
+        ci, inp = recipe.pass_inputs(state.ci_params, state.components, frozen, x)
         no_ci = inp._replace(ci_lower=tuple(jnp.zeros_like(lower) for lower in ci.lower))
         outputs: dict[str, Output] = {
             "ci_masked": recipe.all_live_output(inp, Constant(0.0)),
@@ -63,9 +59,9 @@ def make_mask_eval_step(recipe: Recipe) -> MaskEvalFn:
         metrics: Metrics = {"ci_l0": ci_l0(ci.lower)}
         lm = div == "kl" and jnp.issubdtype(x.dtype, jnp.integer)  # token batches
         if lm:
-            metrics["ce/clean"] = next_token_ce(clean, x)
+            metrics["ce/clean"] = next_token_ce(inp.clean, x)
         for kind, out in outputs.items():
-            metrics[f"{div}/{kind}"] = recipe.divergence(out, clean)
+            metrics[f"{div}/{kind}"] = recipe.divergence(out, inp.clean)
             if lm:
                 metrics[f"ce/{kind}"] = next_token_ce(out, x)
         return metrics, tuple(site_max(lower) for lower in ci.lower)

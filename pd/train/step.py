@@ -92,8 +92,19 @@ class Recipe:
         self, ci_params: GroupParams, comps: Components, frozen: hk.Params, x: Batch
     ) -> tuple[CI, Output]:
         """`(CI, clean output)`: the CI function reads the clean-path taps (S4)."""
+        ci, inp = self.pass_inputs(ci_params, comps, frozen, x)
+        return ci, inp.clean
+
+    def pass_inputs(
+        self, ci_params: GroupParams, comps: Components, frozen: hk.Params, x: Batch
+    ) -> tuple[CI, PassInputs]:
+        """The CI and what the masked forwards on `x` read, without gradients (the step takes
+        the same three vjps itself)."""
         taps, clean = self.target.taps(frozen, x)
-        return self.ci_fn.ci(ci_params, taps, self.ci_fn.inner(taps, comps.V)), clean
+        inner = self.ci_fn.inner(taps, comps.V)
+        ci = self.ci_fn.ci(ci_params, taps, inner)
+        products = self.products(taps, inner)
+        return ci, PassInputs(frozen, x, comps, ci.lower, clean, taps, products)
 
     def products(self, taps: Taps, inner: Inner | None) -> CleanProducts | None:
         """The clean products, where the CI function reads the inner activations (`inner`); their
@@ -248,15 +259,11 @@ def evaluate_batch(
     """The losses and monitors of `state` on a batch, and the CI they used (no gradient)."""
     comps = state.components
     with loops.unroll(recipe.train.unroll), compute(recipe.train.compute_dtype):  # trace time
-        taps, clean = recipe.target.taps(frozen, x)
-        inner = recipe.ci_fn.inner(taps, comps.V)
-        ci = recipe.ci_fn.ci(state.ci_params, taps, inner)
-        products = recipe.products(taps, inner)
-        inputs = (frozen, x, clean, taps)
+        ci, inp = recipe.pass_inputs(state.ci_params, comps, frozen, x)
+        inputs = (frozen, x, inp.clean, inp.taps)
         _, metrics = losses(
-            recipe, comps, ci, state.sources, products, inputs, step_key, state.step
+            recipe, comps, ci, state.sources, inp.products, inputs, step_key, state.step
         )
-        inp = PassInputs(frozen, x, comps, ci.lower, clean, taps, products)
         metrics |= monitors(recipe, inp)
     return metrics, ci
 
@@ -271,13 +278,9 @@ def monitors(recipe: Recipe, inp: PassInputs) -> Metrics:
 
 def state_monitors(recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batch) -> Metrics:
     """The monitors of `state` on a batch, without the losses (no gradient)."""
-    comps = state.components
     with loops.unroll(recipe.train.unroll), compute(recipe.train.compute_dtype):  # trace time
-        taps, clean = recipe.target.taps(frozen, x)
-        inner = recipe.ci_fn.inner(taps, comps.V)
-        ci = recipe.ci_fn.ci(state.ci_params, taps, inner)
-        products = recipe.products(taps, inner)
-        return monitors(recipe, PassInputs(frozen, x, comps, ci.lower, clean, taps, products))
+        _, inp = recipe.pass_inputs(state.ci_params, state.components, frozen, x)
+        return monitors(recipe, inp)
 
 
 StepFn = Callable[[TrainState, hk.Params, Batch, Key[Array, ""]], tuple[TrainState, Metrics]]
