@@ -4,6 +4,7 @@ member plus the summary table, and bad `--seeds` or `--grid` specs are one sente
 import dataclasses
 import json
 import math
+import threading
 from pathlib import Path
 
 import jax
@@ -18,6 +19,8 @@ from pd.train.__main__ import main
 from pd.train.config import ConfigError
 from pd.train.rundir import MARKER
 from pd.train.sweep import MemberResult, SweepResult, load_sweep, parse_seeds, seed_sweep, sweep
+from pd.train.sweep.chunk import Chunk
+from pd.train.sweep.run import _layout
 
 TINY = [
     "train.steps=6",
@@ -144,8 +147,46 @@ def test_the_cli_sweeps_over_the_devices_and_a_grid(
         assert evaluated == [0, 4]  # as `run` evaluates: every 4 steps, not the last
     record = json.loads((out / "sweep.json").read_text())
     assert [bool(m["diverged"]) for m in record["members"]] == [False, False, True, True]
+    compiles = json.loads((out / "compile.json").read_text())
+    for name in ("init_train_state", "faithfulness_warmup", "train_steps"):
+        assert compiles[name]["compiles"] == 2, name  # once per group: its lanes share them
     for m in record["members"][2:]:
         assert m["recovered"] is False and m["diverged"].startswith("training diverged at step ")
+
+
+def test_cpu_lanes_take_every_dth_member_on_the_first_device() -> None:
+    """On D CPU devices a sweep trains D lanes side by side, each with every D-th member,
+    `per_program` at a time (None: its whole share), all with programs on the first device."""
+    devices = jax.devices()[:4]
+    for per_program, lanes in [
+        (1, [[[0], [4]], [[1], [5]], [[2]], [[3]]]),
+        (2, [[[0, 4]], [[1, 5]], [[2]], [[3]]]),
+        (None, [[[0, 4]], [[1, 5]], [[2]], [[3]]]),
+    ]:
+        layout = _layout(6, per_program, devices)
+        assert [[indices for indices, _ in lane] for lane in layout.lanes] == lanes
+        assert all(size == len(indices) for lane in layout.lanes for indices, size in lane)
+        assert list(layout.mesh.devices.flat) == devices[:1]
+    assert [[c for c, _ in lane] for lane in _layout(2, None, devices).lanes] == [[[0]], [[1]]]
+
+
+def test_a_lane_that_fails_stops_the_sweep_with_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two lanes; the second member's training fails: the sweep raises that error (not the
+    other lane's stop) and leaves no sweep folder."""
+    train = Chunk.train
+
+    def failing(self: Chunk, folders: list[Path], stop: threading.Event) -> object:
+        if self.members[0].name == "seed-1":
+            raise RuntimeError("lane failed")
+        return train(self, folders, stop)
+
+    monkeypatch.setattr(Chunk, "train", failing)
+    spec = seed_sweep(load_config("tms_5-2", TINY), [0, 1])
+    with pytest.raises(RuntimeError, match="lane failed"):
+        sweep(spec, tmp_path / "sweep", devices=jax.devices()[:2])
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_a_member_with_its_own_target_follows_its_run_alone(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -43,6 +44,10 @@ def _rows_unlogged() -> Iterator[None]:
         yield
     finally:
         sinks_log.removeFilter(quiet)
+
+
+class Stopped(Exception):
+    """Another lane of the sweep failed, or it was interrupted: this one stops too."""
 
 
 def member_state(host: TrainState, i: int) -> TrainState:
@@ -105,9 +110,14 @@ class Chunk:
             write_figures(recipe, state, frozen, x, folder, kind.labels, known)
         return summary
 
-    def train(self, folders: list[Path]) -> tuple[TrainState, list[str]]:
+    @property
+    def label(self) -> str:
+        """The members' names, for the log."""
+        return ", ".join(m.name for m in self.members[: self.size])
+
+    def train(self, folders: list[Path], stop: threading.Event) -> tuple[TrainState, list[str]]:
         """Every member's final state (host-side, stacked) and why each diverged ("" if not);
-        rows into each member's sinks."""
+        rows into each member's sinks. Raises `Stopped` between calls once `stop` is set."""
         programs, recipe, cfg = self.programs, self.group.recipe, self.group.recipe.train
         states = programs.init(self.init_keys, self.src_keys)
         if cfg.faith_warmup_steps > 0:
@@ -139,6 +149,8 @@ class Chunk:
                 )
             first = 0
             while first < cfg.steps:
+                if stop.is_set():
+                    raise Stopped
                 step = first  # the last step of this call
                 x = None
                 if programs.steps is None:
@@ -179,19 +191,15 @@ class Chunk:
                 done, before = last
                 last = (step + 1, time.perf_counter())
                 speed = (step + 1 - done) / max(last[1] - before, 1e-9)
-                loss = (
-                    f"loss/total median {statistics.median(totals):.4g} "
-                    f"(min {min(totals):.4g}, max {max(totals):.4g})"
-                    if totals
-                    else "every member diverged"
-                )
+                if len(totals) > 1:
+                    loss = (
+                        f"loss/total median {statistics.median(totals):.4g} "
+                        f"(min {min(totals):.4g}, max {max(totals):.4g})"
+                    )
+                else:
+                    loss = f"loss/total {totals[0]:.4g}" if totals else "every member diverged"
                 log.info(
-                    "step %d/%d of %d members: %s, %.3g steps/s",
-                    step,
-                    cfg.steps,
-                    self.size,
-                    loss,
-                    speed,
+                    "step %d/%d of %s: %s, %.3g steps/s", step, cfg.steps, self.label, loss, speed
                 )
         host_final: TrainState = jax.device_get(states)
         return host_final, diverged

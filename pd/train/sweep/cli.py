@@ -56,7 +56,8 @@ def main(argv: Sequence[str]) -> int:
         type=int,
         default=None,
         metavar="K",
-        help="train K members at a time (default: all the members of a group at once)",
+        help="vmap K members in each call (default: all of a group on accelerators; one on CPU, "
+        "in a lane per CPU device)",
     )
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
