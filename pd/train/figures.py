@@ -40,14 +40,27 @@ def _ci_probes(
         ax.set_ylabel("one-hot feature (0.75)")
         fig.colorbar(image, ax=ax)
     fig.suptitle("causal importance on one-hot probes")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path, len(probes), top=0.7, right=0.45)  # a colorbar's labels on the right
 
 
 def _label_subcomponents(ax: Axes, shown: np.ndarray) -> None:
     """x ticks naming the subcomponents shown, when few enough to read."""
     if len(shown) <= 40:
         ax.set_xticks(range(len(shown)), [str(c) for c in shown], fontsize=5, rotation=90)
+
+
+def _save(fig: Figure, path: Path, columns: int, top: float, right: float = 0.2) -> None:
+    """Save with margins and gaps between `columns` fixed in inches, sized for a toy's labels.
+    `tight_layout` measures every label before the drawing does: a toy run's three figures
+    took 0.56–1.23 s with it and 0.38–0.56 s without (TMS 5-2, 40-10, 5-2-id and ResidMLP-1),
+    and a sweep draws them for every member."""
+    w, h = fig.get_size_inches()
+    left, bottom, gap = 0.6, 0.6, 1.0
+    width = (w - left - right - (columns - 1) * gap) / columns
+    fig.subplots_adjust(
+        left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, wspace=gap / width
+    )
+    fig.savefig(path, dpi=110)
 
 
 def _components(
@@ -76,8 +89,7 @@ def _components(
             ax.arrow(0, 0, *pieces[j, c], color="tab:red", width=0.005, alpha=0.7)
         ax.set_aspect("equal")
         ax.set_title(f"{name}: features (black),\nlargest subcomponent piece (red)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path, n_cols, top=0.5)
 
 
 def _losses(run_dir: Path, path: Path) -> None:
@@ -92,8 +104,7 @@ def _losses(run_dir: Path, path: Path) -> None:
     ax.set_xlabel("step")
     ax.legend(fontsize=7)
     ax.set_title("losses")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, path, 1, top=0.35)
 
 
 def _ci_over_rows(
