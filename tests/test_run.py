@@ -35,7 +35,9 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
-    config = load_config("tms_5-2-id", [*TINY, "loss.adversary.coeff=1.0"])
+    """With evaluations (and figures) during training too, the first at step 0, before any
+    row is logged."""
+    config = load_config("tms_5-2-id", [*TINY, "loss.adversary.coeff=1.0", "train.eval_every=20"])
     return run(config, tmp_path_factory.mktemp("runs") / "tiny")
 
 
@@ -60,6 +62,7 @@ def test_run_folder_contents(tiny_run: RunResult) -> None:
         assert (d / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 10, 20, 30, 39]
+    assert [r["step"] for r in rows if "eval/alive/linear1" in r] == [0, 20]
     assert all(isinstance(v, float) for r in rows for k, v in r.items() if k != "step")
     summary = json.loads((d / "summary.json").read_text())
     for key in (

@@ -126,10 +126,11 @@ def test_the_cli_sweeps_over_the_devices_and_a_grid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Two seeds × two learning rates: two groups, each spread over the (simulated) devices; one
-    folder per member, the table on stdout; `train.eval_every` evaluates each member during
-    training, as a run does. The second rate makes the loss non-finite: its members are in the
-    table with the sentence a run stops with, and get no folder."""
-    sets = [a for t in [*TINY, "train.eval_every=4"] for a in ("--set", t)]
+    folder per member with its figures, the table on stdout; `train.eval_every` evaluates each
+    member during training, as a run does. The second rate makes the loss non-finite: its
+    members are in the table with the sentence a run stops with, and get no folder."""
+    settings = [*TINY, "train.eval_every=4", "eval.figures=true"]
+    sets = [a for t in settings for a in ("--set", t)]
     out = tmp_path / "grid"
     argv = ["sweep", "tms_5-2", "--seeds", "0-1", "--grid", "train.lr.start=[1e-3,1e30]"]
     assert main([*argv, *sets, "--out", str(out)]) == 0
@@ -139,8 +140,9 @@ def test_the_cli_sweeps_over_the_devices_and_a_grid(
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["train.lr.start=0.001"]
     for seed in (0, 1):
         member_dir = out / "train.lr.start=0.001" / f"seed-{seed}"
-        for name in RUN_FILES:
+        for name in (*RUN_FILES, "ci_probes.png", "components.png", "losses.png"):
             assert (member_dir / name).is_file(), (member_dir, name)
+        assert (member_dir / "ci_probes.png").read_bytes()[:4] == b"\x89PNG"
         config = json.loads((member_dir / "config.json").read_text())
         assert config["train"]["lr"]["start"] == 1e-3 and config["seed"] == seed
         evaluated = [r["step"] for r in _rows(member_dir) if "eval/alive/linear1" in r]

@@ -93,7 +93,11 @@ def _components(
 
 
 def _losses(run_dir: Path, path: Path) -> None:
+    """The losses and monitors logged so far; none before an evaluation at step 0, whose row
+    is logged with its results (`train.eval_every`): then no figure until the next."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if not rows:
+        return
     keys = sorted(k for k in rows[0] if k.startswith(("loss/", "monitor/")))
     fig = Figure(figsize=(7, 4))
     ax = fig.subplots()
@@ -160,8 +164,8 @@ def write_figures(
 ) -> None:
     """With a known answer (toys): `ci_probes.png` and `components.png`; targets other than
     pd's toys: `ci_sequence.png` (CI over the first sequence of the evaluation batch `x`, its
-    tokens' text from `labels`, or over its first examples); all: `losses.png`. A toy's figures
-    need no batch (`x` may be None)."""
+    tokens' text from `labels`, or over its first examples); all: `losses.png`, once a row is
+    logged. A toy's figures need no batch (`x` may be None)."""
     if not isinstance(recipe.target, ToyTarget):
         assert x is not None, "a target other than pd's toys draws its CI over a batch"
         _ci_over_rows(recipe, state, frozen, x, run_dir / "ci_sequence.png", labels)
