@@ -8,6 +8,8 @@ are gathered, a collective), process 0 alone writes, and all return once the fil
 import hashlib
 import io
 import json
+import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,6 +50,25 @@ def _verified(path: Path, what: str) -> tuple[bytes, dict[str, object]]:
     if hashlib.sha256(payload).hexdigest() != expected:
         raise ValueError(f"{what} '{path}' is corrupt: its sha256 does not match '{meta_path}'")
     return payload, meta
+
+
+def _arrays(path: Path, payload: bytes, what: str) -> dict[str, np.ndarray]:
+    """The arrays of `path`'s `.npz` payload, or one sentence saying the file is damaged."""
+    try:
+        with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+            return {key: z[key] for key in z.files}
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, TypeError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(
+            f"{what} '{path}' is damaged or not a pd file ({reason}), expected the .npz archive "
+            "pd wrote"
+        ) from None
+
+
+def _array(arrays: dict[str, np.ndarray], key: str, path: Path, what: str) -> np.ndarray:
+    if key not in arrays:
+        raise ValueError(f"{what} '{path}' lacks array '{key}', expected the arrays pd wrote")
+    return arrays[key]
 
 
 def host_arrays(tree: PyTree) -> PyTree[np.ndarray]:
@@ -92,20 +113,17 @@ def save(path: Path, trained: Trained) -> None:
 def load(path: Path, like: PyTree[jax.ShapeDtypeStruct]) -> Trained:
     """The saved decomposition in the abstract structure `like` (shapes checked), or why not."""
     payload, _ = _verified(path, "checkpoint")
+    arrays = _arrays(path, payload, "checkpoint")
     paths, treedef = jax.tree_util.tree_flatten_with_path(like)
-    with np.load(io.BytesIO(payload)) as z:
-        leaves = []
-        for p, ref in paths:
-            key = jax.tree_util.keystr(p)
-            if key not in z.files:
-                raise ValueError(f"checkpoint '{path}' lacks array '{key}'")
-            value = z[key]
-            if value.shape != ref.shape:
-                raise ValueError(
-                    f"checkpoint '{path}' array '{key}' has shape {value.shape}, "
-                    f"expected {ref.shape}"
-                )
-            leaves.append(jnp.asarray(value))
+    leaves = []
+    for p, ref in paths:
+        key = jax.tree_util.keystr(p)
+        value = _array(arrays, key, path, "checkpoint")
+        if value.shape != ref.shape:
+            raise ValueError(
+                f"checkpoint '{path}' array '{key}' has shape {value.shape}, expected {ref.shape}"
+            )
+        leaves.append(jnp.asarray(value))
     restored: Trained = jax.tree_util.tree_unflatten(treedef, leaves)
     return restored
 
@@ -158,11 +176,12 @@ def load_frozen(path: Path) -> tuple[str, hk.Params | None]:
             return str(json.loads(meta_path.read_text())["fingerprint"]), None
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ValueError(f"frozen-target record '{meta_path}' is unreadable ({err})") from None
-    payload, meta = _verified(path, "frozen-target file")
+    what = "frozen-target file"
+    payload, meta = _verified(path, what)
+    arrays = _arrays(path, payload, what)
     params: dict[str, dict[str, jax.Array]] = {}
-    with np.load(io.BytesIO(payload)) as z:
-        for i, (module, name) in enumerate(_param_paths(meta["paths"])):
-            params.setdefault(module, {})[name] = jnp.asarray(z[str(i)])
+    for i, (module, name) in enumerate(_param_paths(meta.get("paths"))):
+        params.setdefault(module, {})[name] = jnp.asarray(_array(arrays, str(i), path, what))
     return str(meta["fingerprint"]), params
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 from beartype import beartype
-from jaxtyping import Array, Float, jaxtyped
+from jaxtyping import Array, Float, Shaped, jaxtyped
 
 from pd.ci import GroupParams
 from pd.decompose import FROZEN, Constant, Sites, decomposed_hook, layer_sites
@@ -21,12 +22,25 @@ from pd.targets.base import Batch, Output, Target
 from pd.targets.configs import FactoryConfig
 from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig, from_dict
-from pd.train.evaluate import KnownAnswer
+from pd.train.evaluate import EVAL_FOLD, KnownAnswer
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
 from pd.train.recipe import make_batches, make_recipe
+from pd.train.rundir import CHECKPOINTS, checkpoint_steps, partial_dir
 from pd.train.step import Recipe
 
 typechecked = jaxtyped(typechecker=beartype)  # the shapes of public signatures, at call time
+# Inputs and masks may be jax or numpy arrays (converted with jnp.asarray). A mask's axes are
+# checked against `ci(x)` by `masked_forward` itself, for one sentence on a wrong shape.
+BatchIn = Shaped[Array | np.ndarray, "B ..."]
+MaskIn = Float[Array | np.ndarray, "*_B _C"]
+PARTIAL = ".partial"  # the suffix of a run's folder until it finishes (pd.train.rundir)
+
+
+def _require(ok: bool, message: str, error: type[Exception] = ValueError) -> None:
+    """Raise `error(message)` unless `ok`; `message` is one sentence naming the argument, its
+    value and what was expected."""
+    if not ok:
+        raise error(message)
 
 
 @dataclass(frozen=True)
@@ -64,62 +78,88 @@ class Decomposition:
 
     def batch(self, step: int, evaluation: bool = False) -> Batch:
         """The run's training batch of `step` (S18), or with `evaluation` its evaluation batch
-        (held-out data where the target has it; evaluation read steps below 2³¹ − 1)."""
+        (held-out data where the target has it); steps in [0, 2³¹ − 1)."""
+        expected = f"expected an int in [0, {EVAL_FOLD})"
+        is_int = isinstance(step, int | np.integer) and not isinstance(step, bool)
+        _require(is_int, f"step {step!r} is a {type(step).__name__}, {expected}", TypeError)
+        _require(0 <= step < EVAL_FOLD, f"step is {step}, {expected}")
         run_key = key_tree(self.config.seed)[2]
-        return make_batches(self.config, self.recipe, run_key, None, evaluation, self.kind)(step)
+        return make_batches(self.config, self.recipe, run_key, None, evaluation, self.kind)(
+            int(step)
+        )
 
     @cached_property
     def _input(self) -> jax.ShapeDtypeStruct:
         shape: jax.ShapeDtypeStruct = jax.eval_shape(lambda: self.batch(0))
         return shape
 
-    def _check(self, x: Batch) -> None:
-        """One sentence when `x` is not shaped like the run's batches (any batch size; any
-        sequence length for tokens)."""
+    def _checked(self, x: BatchIn) -> Batch:
+        """`x` as a jax array, or one sentence when it is not shaped like the run's batches
+        (any batch size from 1; any sequence length from 1 for tokens)."""
+        x = jnp.asarray(x)
         ref = self._input
         tokens = jnp.issubdtype(ref.dtype, jnp.integer)
         same_kind = jnp.issubdtype(x.dtype, jnp.integer) == tokens
         same_shape = x.ndim == ref.ndim and (tokens or x.shape[1:] == ref.shape[1:])
-        if not (same_kind and same_shape):
-            want = (
-                "[B, T] integer token ids"
-                if tokens
-                else f"[B, {', '.join(map(str, ref.shape[1:]))}] floats"
-            )
-            raise ValueError(
-                f"input x has shape {list(x.shape)} of {x.dtype}, expected {want} like the "
-                "run's batches"
-            )
+        want = (
+            "[B, T] integer token ids (B, T ≥ 1)"
+            if tokens
+            else f"[B, {', '.join(map(str, ref.shape[1:]))}] floats (B ≥ 1)"
+        )
+        _require(
+            same_kind and same_shape and x.size > 0,
+            f"input x has shape {list(x.shape)} of {x.dtype}, expected {want} like the run's "
+            "batches",
+        )
+        return x
 
-    @typechecked
-    def ci(self, x: Batch) -> dict[str, Float[Array, "B *T C"]]:
-        """`{site: ci_lower [*L, C]}`: the causal importance of every subcomponent on `x`
-        (`[B, n_features]` inputs of a toy, `[B, T]` tokens of a language model)."""
-        self._check(x)
+    def _ci(self, x: Batch) -> dict[str, Float[Array, "B *T C"]]:
         ci, _ = self.recipe.ci(self.ci_params, self.components, self.frozen, x)
         return self.recipe.table.views(ci.lower)
 
-    @typechecked
-    def clean(self, x: Batch) -> Output:
-        """The frozen target's output."""
-        self._check(x)
-        return self.target.forward(self.frozen, x, FROZEN)
+    def _masks(self, x: Batch, masks: Mapping[str, MaskIn]) -> dict[str, Float[Array, "B *T C"]]:
+        """`masks` as jax arrays, or one sentence on an empty, unknown or wrong-shaped one: each
+        is shaped like the site's `ci(x)` (found from the shapes alone, nothing computed)."""
+        sites = ", ".join(self.sites)
+        _require(bool(masks), f"masks is empty, expected at least one site's mask (sites: {sites})")
+        unknown = sorted(set(masks) - set(self.sites))
+        _require(
+            not unknown,
+            f"masks has unknown sites {unknown}, expected sites of the decomposition ({sites})",
+            KeyError,
+        )
+        shapes = jax.eval_shape(self._ci, x)
+        out = {name: jnp.asarray(mask) for name, mask in masks.items()}
+        for name, mask in out.items():
+            want = shapes[name].shape
+            _require(
+                mask.shape == want,
+                f"mask of site {name!r} has shape {list(mask.shape)}, expected {list(want)} "
+                f"like ci(x)[{name!r}] (x's batch axes, then C = {want[-1]} for that site)",
+            )
+        return out
 
     @typechecked
-    def masked_forward(
-        self,
-        x: Batch,
-        masks: Mapping[str, Float[Array, "B *T C"]],
-        delta: float = 0.0,
-    ) -> Output:
-        """The output with each site in `masks` live under its mask (others frozen, S2).
+    def ci(self, x: BatchIn) -> dict[str, Float[Array, "B *T C"]]:
+        """`{site: ci_lower [*L, C]}`: the causal importance of every subcomponent on `x`
+        (`[B, n_features]` inputs of a toy, `[B, T]` tokens of a language model; jax or numpy
+        arrays)."""
+        return self._ci(self._checked(x))
+
+    @typechecked
+    def clean(self, x: BatchIn) -> Output:
+        """The frozen target's output."""
+        return self.target.forward(self.frozen, self._checked(x), FROZEN)
+
+    @typechecked
+    def masked_forward(self, x: BatchIn, masks: Mapping[str, MaskIn], delta: float = 0.0) -> Output:
+        """The output with each site in `masks` live under its mask (others frozen, S2); each
+        mask is shaped like the site's `ci(x)`, `[*L, C]`.
 
         `delta` scales the delta channel `x @ (W − V U)`: 0 drops it, 1 keeps it.
         """
-        self._check(x)
-        unknown = set(masks) - set(self.sites)
-        if unknown:
-            raise KeyError(f"unknown sites {sorted(unknown)}; known sites: {', '.join(self.sites)}")
+        x = self._checked(x)
+        masks = self._masks(x, masks)
         table = self.recipe.table
         shape = next(iter(masks.values())).shape[:-1]
         # The masks enter as CI under a source of 0 (S1: mask = CI), the delta channel at `delta`.
@@ -137,19 +177,25 @@ class Decomposition:
         return self.target.forward(self.frozen, x, Sites(hook, sites))
 
     @typechecked
-    def ablate(self, x: Batch, site: str, subcomponents: Sequence[int]) -> Output:
+    def ablate(self, x: BatchIn, site: str, subcomponents: Sequence[int]) -> Output:
         """The target's output with the rank-1 pieces `V[:, c] U[c, :]` of `subcomponents`
         taken out of `site`'s weight (`W − Σ_c V[:, c] U[c, :]`); every other site frozen."""
-        self._check(x)
-        C = self.recipe.table.spec(site).C if site in self.sites else 0
-        bad = [c for c in subcomponents if not 0 <= c < C]
-        if site not in self.sites or bad:
-            what = f"site {site!r}" if site not in self.sites else f"subcomponent {bad[0]}"
-            raise KeyError(
-                f"{what} is not in the decomposition, expected one of its sites "
-                f"({', '.join(self.sites)}) and indices in [0, C)"
+        x = self._checked(x)
+        _require(
+            site in self.sites,
+            f"site {site!r} is not in the decomposition, expected one of its sites "
+            f"({', '.join(self.sites)})",
+            KeyError,
+        )
+        C = self.recipe.table.spec(site).C
+        for c in subcomponents:
+            _require(
+                0 <= c < C,
+                f"subcomponent {c} is not in the decomposition, expected indices in [0, {C}) for "
+                f"site {site!r}",
+                KeyError,
             )
-        lead = self.ci(x)[site].shape[:-1]
+        lead = jax.eval_shape(self._ci, x)[site].shape[:-1]
         keep = jnp.ones((*lead, C)).at[..., jnp.asarray(subcomponents, jnp.int32)].set(0.0)
         return self.masked_forward(x, {site: keep}, delta=1.0)
 
@@ -160,6 +206,7 @@ def load(run_dir: str | Path, own: OwnTarget | None = None) -> Decomposition:
     from its checkpoint file), and must match the fingerprint the run recorded. A target given
     to `run(own=...)` in Python must be given again as `own`."""
     run_dir = Path(run_dir)
+    _check_finished(run_dir)
     config_path = run_dir / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(
@@ -186,3 +233,30 @@ def load(run_dir: str | Path, own: OwnTarget | None = None) -> Decomposition:
     )
     components, ci_params = checkpoint.load(run_dir / "decomposition.npz", like)
     return Decomposition(config, recipe, kind, frozen, components, ci_params)
+
+
+def _check_finished(run_dir: Path) -> None:
+    """One sentence, with the command that continues it, when `run_dir` is an unfinished run:
+    a partial folder (named `.NAME.partial`, or with checkpoints but no decomposition.npz), or
+    a run folder whose run has only its partial folder so far."""
+    if run_dir.name.startswith(".") and run_dir.name.endswith(PARTIAL):
+        partial, finished = run_dir, run_dir.with_name(run_dir.name[1 : -len(PARTIAL)])
+    elif (run_dir / CHECKPOINTS).is_dir() and not (run_dir / "decomposition.npz").exists():
+        partial, finished = run_dir, run_dir
+    elif not run_dir.exists() and partial_dir(run_dir).is_dir():
+        partial, finished = partial_dir(run_dir), run_dir
+    else:
+        return
+    steps = checkpoint_steps(partial)
+    where = "" if partial == run_dir else f"its run is in '{partial}', "
+    kept = f"checkpoint at step {steps[-1]}" if steps else "no checkpoint yet"
+    how = (
+        f"continue it with `python -m pd.train CONFIG --out {finished} --resume` (the config "
+        "and --set overrides it was started with)"
+        if steps
+        else "run it again, or wait for it if it is still running"
+    )
+    raise FileNotFoundError(
+        f"run folder '{run_dir}' has not finished ({where}{kept}, no decomposition.npz), "
+        f"expected a finished run folder: {how}"
+    )
