@@ -34,12 +34,16 @@ class FieldError(ConfigError):
 class Validated:
     """Base of the config dataclasses: construction checks every field's type with typeguard,
     turns ints given for float fields into floats, and checks ranges. Integers must be positive
-    unless named in `NON_NEGATIVE`; floats must be finite and non-negative, and in [0, 1] when
-    named in `FRACTIONS` (a tuple field's rule applies to each item). Subclasses with rules
-    across fields extend `__post_init__`."""
+    unless named in `NON_NEGATIVE`, and at most 2**31 - 1 (int32: sizes and counts become int32
+    shapes, indices and step counters in XLA, with jax's x64 off), or 2**32 - 1 when named in
+    `SEEDS` (the 32 bits `jax.random.key` keeps with x64 off: seed 2**32 is seed 0 again);
+    floats must be finite and non-negative, and in [0, 1] when named in `FRACTIONS` (a tuple
+    field's rule applies to each item). Subclasses with rules across fields extend
+    `__post_init__`."""
 
     NON_NEGATIVE: ClassVar[frozenset[str]] = frozenset()
     FRACTIONS: ClassVar[frozenset[str]] = frozenset()
+    SEEDS: ClassVar[frozenset[str]] = frozenset({"seed"})
     # Set by @dataclass on every subclass; declared so that `dataclasses.fields(self)` type-checks.
     __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[object]]]
     # Keeps jaxtyping's test-time hook from checking `__init__`'s arguments, which would refuse
@@ -69,16 +73,22 @@ class Validated:
             literal = typing.get_origin(tp) is Literal
             raise FieldError(key, value, _describe(tp), show_type=not literal)
         if tp is int and isinstance(value, int):
-            may_be_zero = name in self.NON_NEGATIVE
-            if not (value >= 0 if may_be_zero else value > 0):
-                word = "a non-negative" if may_be_zero else "a positive"
-                raise FieldError(key, value, f"{word} integer")
+            self._check_int(name, key, value)
         if tp is float and isinstance(value, float):
             fraction = name in self.FRACTIONS
             if not (math.isfinite(value) and 0.0 <= value <= (1.0 if fraction else math.inf)):
                 want = "a number in [0, 1]" if fraction else "a finite non-negative number"
                 raise FieldError(key, value, want)
         return value
+
+    def _check_int(self, name: str, key: str, value: int) -> None:
+        """A FieldError at `key` unless `value` is in field `name`'s range (see the class)."""
+        low, word = (0, "a non-negative") if name in self.NON_NEGATIVE else (1, "a positive")
+        if value < low:
+            raise FieldError(key, value, f"{word} integer")
+        high, shown = (2**32 - 1, "2**32 - 1") if name in self.SEEDS else (2**31 - 1, "2**31 - 1")
+        if value > high:
+            raise FieldError(key, value, f"an integer in [{low}, {shown}]")
 
 
 def _is_a(value: object, tp: object) -> bool:

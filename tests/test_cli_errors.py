@@ -332,7 +332,10 @@ def test_language_model_inputs_are_checked_before_anything_is_written(
     cases = [
         (["--set", f'target.tokens="{missing}"'], str(missing)),
         (["--set", f'target.checkpoint="{tmp_path / "ckpt"}"'], "does not exist"),
-        (["--set", "mesh.data=3"], "does not divide"),
+        (
+            ["--set", "mesh.data=3", "--set", "train.batch=33", "--set", "eval.batch=129"],
+            "does not divide",
+        ),
     ]
     for extra, needle in cases:
         _fails(["tiny_llama", "--overwrite", *extra], capsys, existing, needle)

@@ -116,15 +116,12 @@ def source_shardings(
 
 
 def global_batch(x: Array | np.ndarray, mesh: Mesh) -> Array:
-    """Shard a batch whose rows every process can compute (a pure function of seed and step) over
-    the mesh's `data` axis: each process contributes its own rows only, with
-    `jax.make_array_from_process_local_data`, which is right for one process with many devices
-    and for many processes alike."""
+    """Shard a batch that every process computes whole (a pure function of seed and step) over
+    the mesh's `data` axis. Given the whole batch, `jax.make_array_from_process_local_data` puts
+    on each device of this process the rows that device holds, however the mesh lays the
+    processes out (along `data`, along `model`, or both)."""
     sharding = named_sharding("batch", x.shape, ("batch", *(None,) * (x.ndim - 1)), mesh)
-    n, p = x.shape[0], jax.process_index()
-    rows = n // jax.process_count()
-    local = np.asarray(x[p * rows : (p + 1) * rows])
-    return _from_local(sharding, local, x.shape)
+    return _from_local(sharding, np.asarray(x), x.shape)
 
 
 def initialize_distributed(coordinator: str, num_processes: int, process_id: int) -> None:

@@ -8,6 +8,7 @@ what was expected; it is raised before anything is compiled or written.
 import dataclasses
 import difflib
 import re
+import stat
 import tomllib
 import types
 import typing
@@ -193,6 +194,22 @@ class RunConfig(Validated):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_name(self.name)
+        self._check_data_parallel()
+
+    def _check_data_parallel(self) -> None:
+        """The batches pd places on the mesh split evenly over its data axis: `train.batch`,
+        and `eval.batch` of a language model (a toy draws its evaluation batches inside the
+        program; a target of the caller's own brings its batches, of its own size)."""
+        if isinstance(self.target, FactoryConfig):
+            return
+        sizes = {"train.batch": self.train.batch}
+        if isinstance(self.target, LlamaConfig):
+            sizes["eval.batch"] = self.eval.batch
+        ways = self.mesh.data
+        for key, size in sizes.items():
+            if size % ways:
+                why = "each data-parallel device takes an equal share"
+                raise FieldError(key, size, f"a multiple of mesh.data = {ways} ({why})")
 
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -284,6 +301,35 @@ def _read_toml(text: str, where: str) -> dict[str, object]:
         raise ConfigError(f"config file '{where}' is not valid TOML ({err})") from None
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _config_text(path: Path) -> str:
+    """The text of config file `path`: a regular file (told by `stat`, so that a FIFO is not
+    opened and waited on, nor a device such as /dev/zero read without end) of UTF-8 text, of
+    at most MAX_CONFIG_BYTES (read no further, whatever size the file reports)."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ConfigError(f"config file '{path}' is not a regular file, expected a .toml file")
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"config file '{path}' cannot be read ({err.strerror})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        mib = MAX_CONFIG_BYTES >> 20
+        raise ConfigError(
+            f"config file '{path}' is larger than {mib} MiB, expected a .toml file of at most "
+            f"{mib} MiB"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"config file '{path}' is not UTF-8 text (byte {data[err.start]:#04x} at offset "
+            f"{err.start}), expected a TOML file"
+        ) from None
+
+
 def load_raw(preset_or_file: str) -> dict[str, object]:
     """The parsed TOML of a built-in preset or a config file."""
     if preset_or_file in preset_names():
@@ -291,16 +337,7 @@ def load_raw(preset_or_file: str) -> dict[str, object]:
         return _read_toml(text, preset_or_file)
     path = Path(preset_or_file)
     if path.suffix == ".toml" or path.exists():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise ConfigError(f"config file '{path}' cannot be read ({err.strerror})") from None
-        except UnicodeDecodeError as err:
-            raise ConfigError(
-                f"config file '{path}' is not UTF-8 text (byte {err.object[err.start]:#04x} at "
-                f"offset {err.start}), expected a TOML file"
-            ) from None
-        return _read_toml(text, str(path))
+        return _read_toml(_config_text(path), str(path))
     raise ConfigError(
         f"'{preset_or_file}' is neither a preset nor a config file, expected one of "
         f"{', '.join(preset_names())} or a path to a .toml file"

@@ -7,11 +7,14 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, Protocol, TextIO
 
 from tqdm.auto import tqdm
+
+from pd.validate import ConfigError
 
 if TYPE_CHECKING:
     from wandb import Run as WandbRun
@@ -22,6 +25,41 @@ WandbMode = Literal["off", "offline", "online"]
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"  # event files: `tensorboard --logdir runs/NAME/tensorboard`
 WANDB_ID_FILE = "wandb/run-id"  # beside wandb's own files; a resumed run continues that W&B run
+
+
+def check_wandb_login(mode: WandbMode) -> None:
+    """A ConfigError unless this machine can start W&B in `mode` (`train.wandb`): any mode but
+    "off" needs wandb installed, and "online" a login, found where `wandb.init` looks for one
+    (this session's, WANDB_API_KEY or WANDB_IDENTITY_TOKEN_FILE, a .netrc entry for the W&B
+    host, wandb's settings files) without a prompt or the network."""
+    if mode == "off":
+        return
+    try:
+        from wandb.errors import AuthenticationError
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+    except ImportError:
+        raise ConfigError(
+            f"config key 'train.wandb' is {mode!r} but wandb is not installed, expected "
+            "`pip install pd[wandb]` first, or 'off'"
+        ) from None
+    if mode == "offline":
+        return
+    settings = wandb_setup.singleton().settings
+    host = wbauth.HostUrl(settings.base_url, app_url=settings.app_url)
+    try:
+        login = wbauth.authenticate_session(host=host, source="pd", prompt=False)
+    except AuthenticationError as err:  # a key of the wrong form, found before any request
+        raise ConfigError(
+            "config key 'train.wandb' is 'online' but the W&B login found is not valid "
+            f"({str(err).rstrip('.')}), expected `wandb login` (or WANDB_API_KEY) with a valid "
+            "key first, or 'offline'"
+        ) from None
+    if login is None:
+        raise ConfigError(
+            "config key 'train.wandb' is 'online' but no W&B login was found, expected "
+            "`wandb login` (or WANDB_API_KEY) first, or 'offline'"
+        )
 
 
 class _Bar(Protocol):
@@ -233,16 +271,21 @@ class MetricSinks:
         self._bar.update(n)
 
     def close(self, failed: bool = False) -> None:
-        """Flush and close every sink (again: no-op)."""
-        self._bar.close()
-        if not self._out.closed:
-            self._out.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
-        if self._wandb is not None:
-            self._wandb.finish(exit_code=1 if failed else 0)
-            self._wandb = None
+        """Flush and close every sink (again: no-op), each even when another's close raised.
+        Closing after a failure (`failed`), a sink that cannot write (a full disk) is closed
+        as far as it can be, and the failure stays the one raised."""
+        with ExitStack() as closing:
+            if failed:
+                closing.enter_context(suppress(OSError))
+            closing.callback(self._bar.close)
+            if not self._out.closed:
+                closing.callback(self._out.close)
+            if self._tensorboard is not None:
+                closing.callback(self._tensorboard.close)
+                self._tensorboard = None
+            if self._wandb is not None:
+                closing.callback(self._wandb.finish, exit_code=1 if failed else 0)
+                self._wandb = None
 
     def __enter__(self) -> "MetricSinks":
         return self
@@ -274,4 +317,11 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
-__all__ = ["METRICS_FILE", "TENSORBOARD_DIR", "MetricSinks", "WandbMode", "in_notebook"]
+__all__ = [
+    "METRICS_FILE",
+    "TENSORBOARD_DIR",
+    "MetricSinks",
+    "WandbMode",
+    "check_wandb_login",
+    "in_notebook",
+]
