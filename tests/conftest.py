@@ -35,6 +35,8 @@ _LONGEST_FIRST = (
     "test_chunkwise.py",
     "test_haiku_target.py",
     "test_run.py",
+    "test_resume.py",
+    "test_stops.py",
     "test_scan_step.py",
     "test_smollm2.py",
     "test_llama.py",

@@ -179,9 +179,10 @@ def _compile_only(config: RunConfig) -> int:
 
 if __name__ == "__main__":
     status = main()
-    if status in (130, 143):
-        # A stopped run can leave XLA's threads inside the interrupted step, and the
-        # interpreter's teardown then crashes; everything the run keeps is already on disk.
+    if status != 0:
+        # A stopped or failed run can leave XLA's threads inside the interrupted step, or
+        # orbax's inside a write that failed (a full disk), and the interpreter's teardown then
+        # crashes or prints their errors; everything the run keeps is already on disk.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import haiku as hk
@@ -35,9 +36,17 @@ from pd.train.init_state import abstract_state, init_train_state, state_sharding
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
 from pd.train.recipe import make_batches, make_recipe
 from pd.train.resume import Checkpoints
-from pd.train.rundir import CHECKPOINTS, check_destination, partial_dir, staged
-from pd.train.signals import deferred
-from pd.train.sinks import MetricSinks
+from pd.train.rundir import (
+    CHECKPOINTS,
+    check_destination,
+    check_intact,
+    checkpoint_steps,
+    partial_dir,
+    set_aside,
+    staged,
+)
+from pd.train.signals import Pending, deferred
+from pd.train.sinks import MetricSinks, check_wandb_login
 from pd.train.step import (
     Recipe,
     Sampler,
@@ -93,6 +102,9 @@ def make_mesh_of(config: RunConfig) -> Mesh | None:
 Evaluation = Callable[[TrainState, Path], dict[str, float]]  # the summary; figures into a folder
 
 
+_CALL_SECONDS = 0.25  # a multi-step call's length: about how long a stop waits for it
+
+
 def _train(
     recipe: Recipe,
     state: TrainState,
@@ -104,17 +116,20 @@ def _train(
     sinks: MetricSinks,
     evaluation: Evaluation,
     run_dir: Path,
+    pending: Pending,
     sample: Sampler | None = None,
 ) -> TrainState:
     """The loop from `state.step`: one `device_get` per logged step, sent to `sinks`; the
     evaluation and figures every `train.eval_every` steps; a checkpoint every
-    `train.checkpoint_every` steps, at the end, and after the steps in flight when Ctrl-C or
-    SIGTERM stops it (`pd.train.signals`).
+    `train.checkpoint_every` steps and at the end, each of a finite state. When `pending()`
+    reports a stop (Ctrl-C or SIGTERM, `pd.train.signals`), the loop saves a checkpoint of
+    where it is and raises it: one call is in flight at a time, so a stop waits for that one.
 
-    With `sample` (batches drawn inside the step program: toys, a caller's jittable ones), the
-    steps up to the next one that is logged, evaluated or checkpointed are one call of
-    `make_train_steps`, which also returns the monitors (SPEC §5) of its last step; otherwise
-    one call a step, and the monitors, which are not trained, only on logged steps, by
+    With `sample` (batches drawn inside the step program: toys, a caller's jittable ones), each
+    call of `make_train_steps` takes the steps up to the next one that is logged, evaluated or
+    checkpointed, at most about `_CALL_SECONDS` of them at the pace measured so far, and also
+    returns the monitors (SPEC §5) of its last step; otherwise one call a step (the next batch
+    drawn while it runs), and the monitors, which are not trained, only on logged steps, by
     `make_monitor_step` on that step's batch.
     """
     cfg = recipe.train
@@ -122,41 +137,78 @@ def _train(
     train_steps = None if sample is None else make_train_steps(recipe, sample)
     monitor_step = None if sample is not None else make_monitor_step(recipe)
     every = cfg.checkpoint_every or cfg.steps
-    with deferred() as pending:
-        first = int(state.step)
-        while first < cfg.steps:
+    first = saved = int(state.step)  # a resumed state is its checkpoint's
+    batch = batches(first) if train_steps is None and first < cfg.steps else None
+    per_call = 1
+    while first < cfg.steps and pending() is None:
+        t0 = time.perf_counter()
+        if train_steps is None:
+            assert train_step is not None and batch is not None
             step = first  # the last step of this call
-            if train_steps is None:
-                assert train_step is not None
-                state, metrics = train_step(state, frozen, batches(step), run_key)
-            else:  # up to the next step logged, evaluated or checkpointed after
-                step = min(sinks.next_logged(first), (first // every + 1) * every - 1)
-                n = jnp.asarray(step - first + 1, jnp.int32)
-                state, metrics = train_steps(state, frozen, run_key, n)
-            # The last step's evaluation is the run's own, after the loop.
-            evaluate = sinks.should_eval(step) and step < cfg.steps - 1
-            if sinks.should_log(step) or evaluate:
-                if monitor_step is not None:
-                    metrics |= monitor_step(state, frozen, batches(step))
-                row = flat_metrics(recipe.table, jax.device_get(metrics))
-                bad = [k for k, v in row.items() if not math.isfinite(v)]
-                if bad:  # no summary: nothing that looks like a result
-                    others = f" (and {len(bad) - 1} more terms)" if len(bad) > 1 else ""
-                    raise Diverged(
-                        f"training diverged at step {step}: {bad[0]} is {row[bad[0]]}"
-                        f"{others}, expected finite values (lower the learning rate)"
-                    )
-                if evaluate:
-                    row |= {f"eval/{k}": v for k, v in evaluation(state, run_dir).items()}
-                sinks.log(step, row)
-            sinks.advance(step - first + 1)
-            first = done = step + 1
-            stop = pending()
-            if done % every == 0 or done == cfg.steps or stop is not None:
-                checkpoints.save(done, state)  # `resume` continues from here exactly
-            if stop is not None:
-                raise stop
+            state, metrics = train_step(state, frozen, batch, run_key)
+            batch = batches(step + 1) if step + 1 < cfg.steps else None
+        else:  # up to the next step logged, evaluated or checkpointed after, or fewer
+            step = min(sinks.next_logged(first), (first // every + 1) * every - 1)
+            step = min(step, first + per_call - 1)
+            n = jnp.asarray(step - first + 1, jnp.int32)
+            state, metrics = train_steps(state, frozen, run_key, n)
+        jax.tree.map(lambda a: a.block_until_ready(), metrics)  # one call in flight
+        seconds = (time.perf_counter() - t0) / (step - first + 1)
+        per_call = max(1, min(2 * (step - first + 1), int(_CALL_SECONDS / seconds)))
+        # The last step's evaluation is the run's own, after the loop.
+        evaluate = sinks.should_eval(step) and step < cfg.steps - 1
+        if sinks.should_log(step) or evaluate:
+            if monitor_step is not None:
+                metrics |= monitor_step(state, frozen, batches(step))
+            row = flat_metrics(recipe.table, jax.device_get(metrics))
+            _check_row(step, row)
+            if evaluate:
+                row |= {f"eval/{k}": v for k, v in evaluation(state, run_dir).items()}
+            sinks.log(step, row)
+        sinks.advance(step - first + 1)
+        first = step + 1
+        if first % every == 0 or first == cfg.steps:
+            saved = _save(checkpoints, first, state)
+    if first < cfg.steps and saved != first:  # stopped
+        _save(checkpoints, first, state)  # `resume` continues from here exactly
     return state
+
+
+def _stop_if(pending: Pending) -> None:
+    """Raise the stop a signal requested while it was deferred."""
+    if (stop := pending()) is not None:
+        raise stop
+
+
+def _check_row(step: int, row: dict[str, float]) -> None:
+    """Refuse a logged row with a NaN or an infinity: no summary, nothing that looks like a
+    result."""
+    bad = [k for k, v in row.items() if not math.isfinite(v)]
+    if bad:
+        others = f" (and {len(bad) - 1} more terms)" if len(bad) > 1 else ""
+        raise Diverged(
+            f"training diverged at step {step}: {bad[0]} is {row[bad[0]]}{others}, expected "
+            "finite values (lower the learning rate)"
+        )
+
+
+@jax.jit
+def _finite(leaves: list[jax.Array]) -> jax.Array:
+    """Whether every entry of the arrays is finite (one pass each, one scalar out)."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def _save(checkpoints: Checkpoints, step: int, state: TrainState) -> int:
+    """Start the checkpoint of `step`, of a finite state only (a resume never starts from a
+    diverged one); returns `step`."""
+    floats = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    if not bool(_finite(floats)):
+        raise Diverged(
+            f"training diverged before step {step}: the train state holds a NaN or an infinity, "
+            "expected finite values (lower the learning rate)"
+        )
+    checkpoints.save(step, state)
+    return step
 
 
 def run(
@@ -191,6 +243,7 @@ def run(
         kind.check_inputs()
     except (ShardingError, DataError) as err:
         raise ConfigError(str(err)) from None
+    check_wandb_login(config.train.wandb)
     check_destination(run_dir, overwrite, resume)
     if resume:
         _check_same_config(partial_dir(run_dir) / "config.json", config)
@@ -218,81 +271,105 @@ def run(
             raise ConfigError(str(err)) from None
         log.info("target ready (%s)", trained.describe())
         _check_finite(trained.params)
-        with staged(run_dir, overwrite, resume) as tmp_dir:
-            config_json = json.dumps(dataclasses.asdict(config), indent=2, allow_nan=False)
-            (tmp_dir / "config.json").write_text(config_json)
-            frozen = trained.params
-            if mesh is not None:
-                frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
-            checkpoints = Checkpoints(tmp_dir / CHECKPOINTS, config.train.keep_checkpoints)
-            try:
-                latest = checkpoints.latest() if resume else None
+        try:
+            with staged(run_dir, overwrite, resume) as tmp_dir:
+                config_json = json.dumps(dataclasses.asdict(config), indent=2, allow_nan=False)
+                (tmp_dir / "config.json").write_text(config_json)
+                frozen = trained.params
+                if mesh is not None:
+                    frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
                 batches = make_batches(config, recipe, run_key, mesh, kind=kind)
                 eval_batches = make_batches(config, recipe, run_key, mesh, True, kind)
-                if not ahead.started:
-                    ahead.start(frozen, batches, restored=latest is not None)
-                if latest is None:
-                    if fresh is None:
-                        state = init_train_state(recipe, init_key, src_key, mesh)
+                evaluation = _evaluation(config, recipe, kind, frozen, eval_batches, run_key)
+                keep, intact = config.train.keep_checkpoints, partial(check_intact, tmp_dir)
+                with Checkpoints(tmp_dir / CHECKPOINTS, keep, intact) as checkpoints:
+                    if not ahead.started:  # compiles while the state is restored or made
+                        ahead.start(frozen, batches, restored=bool(checkpoint_steps(tmp_dir)))
+                    with deferred() as pending:  # a signal does not cut a restore
+                        like = abstract_state(recipe, mesh)
+                        restored = checkpoints.restore_latest(like) if resume else None
+                    _stop_if(pending)
+                    if restored is not None:
+                        state = restored
+                    elif fresh is not None:
+                        state = _warmed_up(recipe, fresh.result(), frozen)
                     else:
-                        state = fresh.result()
-                    state = _warmed_up(recipe, state, frozen)
-                else:
-                    state = checkpoints.restore(latest, abstract_state(recipe, mesh))
-                    log.info("resumed from the checkpoint of step %d", latest)
-                # A failed allocation (out of memory) raises here; jax 0.10.2 on a CPU would
-                # wait forever reading a value (`int(state.step)`) of a computation that failed.
-                for leaf in jax.tree.leaves(state):
-                    leaf.block_until_ready()
-                ahead.wait()
-
-                def evaluation(state: TrainState, folder: Path) -> dict[str, float]:
-                    def evaluate() -> dict[str, float]:
-                        return kind.evaluate(
-                            recipe, state, frozen, eval_batches, run_key, config.eval
+                        made = init_train_state(recipe, init_key, src_key, mesh)
+                        state = _warmed_up(recipe, made, frozen)
+                    # A failed allocation (out of memory) raises here; jax 0.10.2 on a CPU would
+                    # wait forever reading a value (`int(state.step)`) of a computation that failed.
+                    for leaf in jax.tree.leaves(state):
+                        leaf.block_until_ready()
+                    ahead.wait()
+                    t = config.train
+                    with (
+                        MetricSinks(
+                            tmp_dir,
+                            t.steps,
+                            log_every=t.log_every,
+                            eval_every=t.eval_every,
+                            start_step=int(state.step),
+                            tensorboard=t.tensorboard,
+                            wandb=t.wandb,
+                            run_name=config.name,
+                            config=dataclasses.asdict(config),
+                        ) as sinks,
+                        deferred() as pending,
+                        checkpoints,  # closed before the signals are handled again
+                    ):  # nor a step, nor a checkpoint's write
+                        state = _train(
+                            recipe,
+                            state,
+                            frozen,
+                            batches,
+                            run_key,
+                            shardings,
+                            checkpoints,
+                            sinks,
+                            evaluation,
+                            tmp_dir,
+                            pending,
+                            sample,
                         )
-
-                    if not config.eval.figures:
-                        return evaluate()
-                    # The figures (mostly Python) on a thread beside the evaluation (mostly XLA).
-                    # Their batch drawn on this thread: a caller's need not be thread-safe.
-                    x = figure_batch(recipe, eval_batches)
-                    with ThreadPoolExecutor(1, thread_name_prefix="pd-figures") as pool:
-                        drawn = pool.submit(_draw, recipe, state, frozen, x, folder, kind)
-                        summary = evaluate()
-                    drawn.result()  # raises what drawing raised
-                    return summary
-
-                t = config.train
-                with MetricSinks(
-                    tmp_dir,
-                    t.steps,
-                    log_every=t.log_every,
-                    eval_every=t.eval_every,
-                    start_step=int(state.step),
-                    tensorboard=t.tensorboard,
-                    wandb=t.wandb,
-                    run_name=config.name,
-                    config=dataclasses.asdict(config),
-                ) as sinks:
-                    state = _train(
-                        recipe,
-                        state,
-                        frozen,
-                        batches,
-                        run_key,
-                        shardings,
-                        checkpoints,
-                        sinks,
-                        evaluation,
-                        tmp_dir,
-                        sample,
-                    )
-            finally:
-                checkpoints.close()
-            summary = write_results(tmp_dir, state, trained, evaluation, t0)
-            compile_times.write(tmp_dir / "compile.json")
+                    _stop_if(pending)
+                summary = write_results(tmp_dir, state, trained, evaluation, t0)
+                compile_times.write(tmp_dir / "compile.json")
+        except Diverged as err:  # a rerun starts over; the last finite checkpoint is kept aside
+            aside = set_aside(run_dir)
+            if aside is None:
+                raise
+            steps = checkpoint_steps(aside)
+            last = f"its last finite checkpoint (step {steps[-1]})" if steps else "its folder"
+            raise Diverged(f"{err}; {last} is set aside in '{aside}'") from None
     return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe, kind)
+
+
+def _evaluation(
+    config: RunConfig,
+    recipe: Recipe,
+    kind: TargetKind,
+    frozen: hk.Params,
+    eval_batches: Callable[[int], Batch],
+    run_key: jax.Array,
+) -> Evaluation:
+    """The run's evaluation: its summary, with the figures drawn into the folder given."""
+
+    def evaluation(state: TrainState, folder: Path) -> dict[str, float]:
+        def evaluate() -> dict[str, float]:
+            return kind.evaluate(recipe, state, frozen, eval_batches, run_key, config.eval)
+
+        if not config.eval.figures:
+            return evaluate()
+        # The figures (mostly Python) on a thread beside the evaluation (mostly XLA). Their
+        # batch drawn on this thread: a caller's need not be thread-safe.
+        x = figure_batch(recipe, eval_batches)
+        with ThreadPoolExecutor(1, thread_name_prefix="pd-figures") as pool:
+            drawn = pool.submit(_draw, recipe, state, frozen, x, folder, kind)
+            summary = evaluate()
+        drawn.result()  # raises what drawing raised
+        return summary
+
+    return evaluation
 
 
 def write_results(
@@ -382,7 +459,17 @@ def _first_difference(before: object, now: object, path: str) -> tuple[str, obje
 def _check_same_config(path: Path, config: RunConfig) -> None:
     """A resumed run continues the config it was started with; only where it runs may change."""
     free = ("mesh", "distributed", "compile")
-    before = {k: v for k, v in json.loads(path.read_text()).items() if k not in free}
+    try:
+        recorded = json.loads(path.read_text())
+        if not isinstance(recorded, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as err:
+        why = "is missing" if isinstance(err, FileNotFoundError) else f"is unreadable ({err})"
+        raise ConfigError(
+            f"the interrupted run's config '{path}' {why}, expected the config.json it was "
+            "started with (start over with --overwrite)"
+        ) from None
+    before = {k: v for k, v in recorded.items() if k not in free}
     now = json.loads(json.dumps(dataclasses.asdict(config)))
     now = {k: v for k, v in now.items() if k not in free}
     found = _first_difference(before, now, "")

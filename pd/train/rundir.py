@@ -3,14 +3,18 @@
 A run writes into `.NAME.partial`, a sibling of its folder, and renames it into place only once
 it has finished, so a failing run leaves no half-written folder and never destroys the run it
 was asked to `--overwrite`. An interrupted run that has saved a checkpoint keeps its partial
-folder, which `--resume` continues; one with nothing worth keeping leaves nothing. pd only ever
-deletes a folder that holds its marker file (or a partial folder it made, without checkpoints).
+folder, which `--resume` continues and `--overwrite` replaces; one with nothing worth keeping
+leaves nothing. A partial folder's lock names the process writing it, so a second run of the
+same folder is told that one is in progress. pd only ever deletes a folder that holds its marker
+file, or a partial folder it made.
 """
 
+import errno
 import fcntl
 import os
 import secrets
 import shutil
+import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -19,6 +23,12 @@ from pd.train.config import ConfigError
 
 MARKER = ".pd-run"  # written into every finished run folder; pd deletes no folder without it
 CHECKPOINTS = "checkpoints"
+SEAL = "pd-sha256.json"  # in each checkpoint's folder once it is completely written
+LOCK = ".lock"
+
+
+class FolderError(ConfigError):
+    """A run folder that cannot be written, or was changed under a run (exit status 2)."""
 
 
 def mark_finished(folder: Path) -> None:
@@ -26,36 +36,92 @@ def mark_finished(folder: Path) -> None:
     (folder / MARKER).write_text("a pd run folder: pd may replace it with --overwrite\n")
 
 
+def _sibling(run_dir: Path, what: str) -> Path:
+    return run_dir.parent / f".{run_dir.name}.{what}"
+
+
 def partial_dir(run_dir: Path) -> Path:
     """Where the run of `run_dir` is written until it finishes."""
-    return run_dir.parent / f".{run_dir.name}.partial"
+    return _sibling(run_dir, "partial")
+
+
+def diverged_dir(run_dir: Path) -> Path:
+    """Where a run of `run_dir` that diverged keeps its partial folder (its last one only)."""
+    return _sibling(run_dir, "diverged")
+
+
+_OLD = "old-" + "0" * 8  # the widest sibling name: the replaced run, while the new one moves in
+
+
+def sealed_steps(folder: Path) -> list[int]:
+    """The steps of the checkpoints in a checkpoints folder that were completely written: orbax
+    names each by its step once written, and pd seals it after (`pd.train.resume`)."""
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / SEAL).exists())
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
-    """The steps of the complete checkpoints in a run folder (orbax names each by its step;
-    a save in flight has a temporary name)."""
-    folder = run_dir / CHECKPOINTS
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+    """The steps of the completely written checkpoints in a run (or partial) folder."""
+    return sealed_steps(run_dir / CHECKPOINTS)
+
+
+def holder(folder: Path) -> str | None:
+    """The process writing `folder` ("pid N on HOST"), or None when no live run holds its lock."""
+    try:
+        lock = (folder / LOCK).open("r+")
+    except OSError:
+        return None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid, _, host = lock.read().strip().partition(" ")
+            return f"pid {pid or '?'} on {host or 'an unknown host'}"
+    return None
 
 
 def check_destination(run_dir: Path, overwrite: bool, resume: bool = False) -> None:
-    """Refuse a destination the run may not replace, or an interrupted run it would ignore,
-    before anything is compiled or written."""
-    steps = checkpoint_steps(partial_dir(run_dir))
+    """Refuse a destination the run may not replace, a run in progress there, or an
+    interrupted run it would ignore, before anything is compiled or written."""
+    _check_name(run_dir)
+    partial = partial_dir(run_dir)
+    live = holder(partial)
+    if live is not None:
+        raise FolderError(
+            f"run '{run_dir}' is in progress ({live} is writing '{partial}'), expected one run "
+            "per folder at a time (wait for it, or stop it and pass --resume)"
+        )
+    steps = checkpoint_steps(partial)
     if resume and not steps:
         raise ConfigError(
-            f"--resume found no interrupted run of '{run_dir}' ('{partial_dir(run_dir)}' holds no "
+            f"--resume found no interrupted run of '{run_dir}' ('{partial}' holds no "
             "checkpoint), expected a run stopped after its first checkpoint"
         )
-    if not resume and steps:
+    if not resume and not overwrite and steps:
         raise ConfigError(
-            f"an interrupted run of '{run_dir}' is kept in '{partial_dir(run_dir)}' (checkpoint "
-            f"at step {steps[-1]}), expected --resume to continue it (or remove that folder to "
-            "start over)"
+            f"an interrupted run of '{run_dir}' is kept in '{partial}' (checkpoint at step "
+            f"{steps[-1]}), expected --resume to continue it or --overwrite to start over"
         )
     _check_replaceable(run_dir, overwrite)
+
+
+def _check_name(run_dir: Path) -> None:
+    """The run folder's name leaves room for the siblings pd writes beside it."""
+    parent = run_dir.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    longest = name_max - len(os.fsencode(_sibling(Path("x"), _OLD).name)) + 1
+    size = len(os.fsencode(run_dir.name))
+    if size > longest:
+        raise ConfigError(
+            f"run folder name '{run_dir.name[:40]}…' is {size} bytes long, expected at most "
+            f"{longest} (leaving room for '{_sibling(Path('NAME'), _OLD).name}' beside it)"
+        )
 
 
 def _check_replaceable(run_dir: Path, overwrite: bool) -> None:
@@ -79,16 +145,57 @@ def _check_replaceable(run_dir: Path, overwrite: bool) -> None:
 
 @contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    """Hold `folder`'s lock file: a second run writing the same partial folder is refused."""
-    with (folder / ".lock").open("w") as lock:
+    """Hold `folder`'s lock file, which names this process: a second run writing the same
+    partial folder is refused."""
+    with (folder / LOCK).open("a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(
-                f"run folder '{folder}' is being written by another run, expected one run per "
-                "folder at a time"
+            raise FolderError(
+                f"run folder '{folder}' is being written by another run ({holder(folder)}), "
+                "expected one run per folder at a time"
             ) from None
+        lock.truncate(0)
+        lock.write(f"{os.getpid()} {socket.gethostname()}\n")
+        lock.flush()
         yield
+
+
+def _ours(partial: Path) -> bool:
+    """Whether `partial` is still the folder this process locked (not removed or replaced)."""
+    try:
+        pid = (partial / LOCK).read_text().split(" ", 1)[0]
+    except OSError:
+        return False
+    return pid == str(os.getpid())
+
+
+def check_intact(partial: Path) -> None:
+    """Refuse to write on into a partial folder that was removed (or replaced) under the run."""
+    if not _ours(partial):
+        raise _removed(partial)
+
+
+def _removed(partial: Path) -> FolderError:
+    return FolderError(
+        f"run folder '{partial}' was removed while this run was writing it, expected it kept "
+        "until the run finishes (the run's work is lost; run it again)"
+    )
+
+
+def no_space(err: BaseException) -> str | None:
+    """Why `err`, or an error behind it (its causes and contexts), says the disk is full or over
+    quota: an `OSError` of ENOSPC or EDQUOT, or one of orbax's TensorStore errors that carries
+    the operating system's message; None for any other error."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen.strerror or os.strerror(seen.errno)
+        for code in (errno.ENOSPC, errno.EDQUOT):
+            if os.strerror(code) in str(seen):
+                return os.strerror(code)
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 @contextmanager
@@ -97,48 +204,110 @@ def staged(run_dir: Path, overwrite: bool, resume: bool = False) -> Iterator[Pat
 
     The run it replaces (with `overwrite`) is removed only after the new one is in place. On
     any exception, Ctrl-C included, the partial folder is kept if it holds a checkpoint (for
-    `resume`) and removed otherwise; `run_dir` is untouched either way.
+    `resume`) and removed otherwise; `run_dir` is untouched either way. A full disk, or a
+    folder that cannot be written, is a `FolderError`.
     """
     check_destination(run_dir, overwrite, resume)
     partial = partial_dir(run_dir)
     with ExitStack() as stack:
+        made = not partial.exists()
         try:
             partial.mkdir(parents=True, exist_ok=True)
             stack.enter_context(_locked(partial))
         except OSError as err:
-            raise ConfigError(
+            if made:
+                shutil.rmtree(partial, ignore_errors=True)
+            if no_space(err) is not None:
+                where = f"no run folder was written ('{run_dir}' is as it was)"
+                raise _disk_full(run_dir, err, where) from None
+            raise FolderError(
                 f"run folder '{run_dir}' cannot be created ({err.strerror}), expected a writable "
                 "folder"
             ) from None
-        if not resume:  # what a run killed outright (SIGKILL) left, with no checkpoint
+        if not resume:  # a run killed outright (SIGKILL), or one --overwrite starts over
             for stale in partial.iterdir():
-                if stale.name != ".lock":
+                if stale.name != LOCK:
                     shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         try:
             yield partial
+            check_intact(partial)
             mark_finished(partial)
             _check_replaceable(run_dir, overwrite)  # the destination may have changed meanwhile
-            old = None
-            if run_dir.exists():
-                old = run_dir.parent / f".{run_dir.name}.old-{secrets.token_hex(4)}"
-                old.mkdir()
-                os.replace(run_dir, old / run_dir.name)
-            (partial / ".lock").unlink()
-            os.replace(partial, run_dir)
-            if old is not None:
-                shutil.rmtree(old)
-        except BaseException:
-            if not checkpoint_steps(partial):
+            _move_into_place(partial, run_dir)
+        except BaseException as err:
+            ours = _ours(partial)
+            sealed = checkpoint_steps(partial) if ours else []
+            if ours and not sealed:
                 shutil.rmtree(partial, ignore_errors=True)
+            if not ours and isinstance(err, Exception) and not isinstance(err, FolderError):
+                raise _removed(partial) from None  # what failed is a write into it
+            if no_space(err) is not None:
+                where = (
+                    f"the run is kept in '{partial}' (checkpoint at step {sealed[-1]}; free space "
+                    "and pass --resume)"
+                    if sealed
+                    else f"no run folder was written ('{run_dir}' is as it was)"
+                )
+                raise _disk_full(run_dir, err, where) from None
             raise
+
+
+def _disk_full(run_dir: Path, err: BaseException, where: str) -> FolderError:
+    return FolderError(
+        f"the disk holding '{run_dir}' is full ({no_space(err)}), expected free space for the "
+        f"run; {where}"
+    )
+
+
+def _move_into_place(partial: Path, run_dir: Path) -> None:
+    """Rename the finished `partial` to `run_dir`, replacing the run there (checked already)."""
+    old = None
+    try:
+        if run_dir.exists():
+            old = _sibling(run_dir, f"old-{secrets.token_hex(4)}")
+            old.mkdir()
+            os.replace(run_dir, old / run_dir.name)
+        (partial / LOCK).unlink()
+        os.replace(partial, run_dir)
+    except OSError as err:
+        if old is not None and not run_dir.exists() and (old / run_dir.name).exists():
+            os.replace(old / run_dir.name, run_dir)  # the replaced run back in its place
+            old.rmdir()
+        raise FolderError(
+            f"the finished run could not be moved to '{run_dir}' ({err.strerror}), expected a "
+            f"writable folder; it is kept in '{partial}' (pass --resume once it is writable)"
+        ) from None
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """Move the partial folder of a run that diverged to `diverged_dir(run_dir)` (replacing an
+    earlier one), so that a rerun starts over; returns where it went, or None if nothing was
+    kept."""
+    partial, aside = partial_dir(run_dir), diverged_dir(run_dir)
+    if not partial.exists():
+        return None
+    if aside.exists():
+        shutil.rmtree(aside)
+    os.replace(partial, aside)
+    return aside
 
 
 __all__ = [
     "CHECKPOINTS",
     "MARKER",
+    "SEAL",
+    "FolderError",
     "check_destination",
+    "check_intact",
     "checkpoint_steps",
+    "diverged_dir",
+    "holder",
     "mark_finished",
+    "no_space",
     "partial_dir",
+    "sealed_steps",
+    "set_aside",
     "staged",
 ]

@@ -1,16 +1,23 @@
-"""Ctrl-C and SIGTERM during training: the step in flight finishes, then the loop stops.
+"""Ctrl-C and SIGTERM while a run holds state that a signal must not cut.
 
-JAX donates the state's buffers to the next step, so a state is only whole between steps: a
-signal that unwound from the middle of one could leave nothing valid to save. While training,
-SIGINT and SIGTERM are therefore recorded, and the loop asks after each step; a second signal
-stops at once.
+JAX donates the state's buffers to the next step, and orbax writes a checkpoint from background
+threads, so a state is only whole between steps and a checkpoint only once its write has
+finished: a signal that unwound from the middle of either could leave nothing valid to keep.
+Inside `deferred()` the first two signals are therefore recorded (the loop asks after each call
+and stops with a checkpoint; a second signal, usually sent while that checkpoint is written,
+waits for it too), and the third stops at once.
 """
 
+import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+
+log = logging.getLogger(__name__)
+
+AT_ONCE = 3  # the signal that stops without waiting
 
 
 class Terminated(BaseException):
@@ -26,19 +33,29 @@ def _exception(signum: int) -> BaseException:
     return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
+Pending = Callable[[], BaseException | None]  # the stop requested so far, if any
+
+
 @contextmanager
-def deferred() -> Iterator[Callable[[], BaseException | None]]:
-    """Yield `pending()`: the stop requested by a signal since entering, if any. Off the main
-    thread (where Python delivers no signals) nothing is ever pending."""
+def deferred() -> Iterator[Pending]:
+    """Yield `pending()`: the stop requested by a signal since entering, if any. The first two
+    signals are recorded and logged; the third raises where the program is. Off the main thread
+    (where Python delivers no signals) nothing is ever pending."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: None
         return
     requested: list[BaseException] = []
 
     def record(signum: int, frame: FrameType | None) -> None:
-        if requested:  # asked twice: stop now
-            raise _exception(signum)
         requested.append(_exception(signum))
+        if len(requested) >= AT_ONCE:
+            raise requested[-1]
+        more = "twice more" if len(requested) == 1 else "once more"
+        log.warning(
+            "stopping after the step in flight, with a checkpoint (signal %s to stop at once, "
+            "losing the steps since the last checkpoint)",
+            more,
+        )
 
     previous = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
