@@ -39,7 +39,9 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
 
     if num_processes > 1:
         initialize_distributed(f"127.0.0.1:{port}", num_processes, process_id)
-    devices = np.asarray(jax.devices()).reshape(-1, 1)
+    # (data, model) = (2, 2) with the model axis across the processes (devices 0, 1 are
+    # process 0's): each process holds both data shards of the batch, not half of its rows.
+    devices = np.asarray(jax.devices()).reshape(2, 2).T
     mesh = Mesh(devices, ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
     recipe = make_recipe(load_config("resid_mlp1", OVERRIDES))
     init_key, src_key, run_key = key_tree(0)

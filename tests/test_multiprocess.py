@@ -1,5 +1,6 @@
 """§11 D4 across processes: two processes with 2 CPU devices each give the same sharded
-initializers and train step as one process with 4 devices (run on localhost); issue 11: they
+initializers and train step as one process with 4 devices (run on localhost), on a (data, model)
+= (2, 2) mesh whose model axis spans the processes (each places the whole batch); issue 11: they
 save one orbax checkpoint whose arrays span both processes and restore it (checked by the
 workers), and it restores on one device here too; process 0 writes the decomposition file."""
 
