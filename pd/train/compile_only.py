@@ -4,6 +4,7 @@ production-shaped run's compile cost can be measured on simulated CPU devices.""
 
 import jax
 import jax.numpy as jnp
+from jax.stages import Compiled
 
 from pd.compile_times import CompileTimes, recording
 from pd.shard import ShardingError, make_mesh, named_sharding
@@ -30,6 +31,16 @@ def abstract(tree: object, shardings: object) -> object:
 def compile_only(config: RunConfig) -> tuple[CompileTimes, dict[str, float]]:
     """Lower and compile the run's initializer and step; returns the compile table and each
     compiled program's FLOPs as XLA's cost analysis counts them (per device)."""
+    times, compiled = compile_programs(config)
+    flops = {
+        name: float((c.cost_analysis() or {}).get("flops", 0.0)) for name, c in compiled.items()
+    }
+    return times, flops
+
+
+def compile_programs(config: RunConfig) -> tuple[CompileTimes, dict[str, Compiled]]:
+    """The compile table and the compiled `init_train_state` and `train_step` of the run, for
+    their cost and memory analyses."""
     if not isinstance(config.target, LlamaConfig):
         raise ConfigError(
             f"--compile-only needs a language-model target, not '{config.target.kind}'"
@@ -56,5 +67,4 @@ def compile_only(config: RunConfig) -> tuple[CompileTimes, dict[str, float]]:
         state = abstract(jax.eval_shape(init, key, key), shardings)
         step = make_train_step(recipe, shardings)
         compiled["train_step"] = step.trace(state, frozen, batch, key).lower().compile()  # type: ignore[attr-defined]  # jit's AOT API
-    flops = {name: float(c.cost_analysis().get("flops", 0.0)) for name, c in compiled.items()}
-    return times, flops
+    return times, compiled
