@@ -192,17 +192,11 @@ def _check_row(step: int, row: dict[str, float]) -> None:
         )
 
 
-@jax.jit
-def _finite(leaves: list[jax.Array]) -> jax.Array:
-    """Whether every entry of the arrays is finite (one pass each, one scalar out)."""
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
-
-
 def _save(checkpoints: Checkpoints, step: int, state: TrainState) -> int:
     """Start the checkpoint of `step`, of a finite state only (a resume never starts from a
     diverged one); returns `step`."""
     floats = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    if not bool(_finite(floats)):
+    if any(jax.device_get(_non_finite_counts(floats))):
         raise Diverged(
             f"training diverged before step {step}: the train state holds a NaN or an infinity, "
             "expected finite values (lower the learning rate)"
