@@ -1,7 +1,7 @@
 """Per-device memory of the production step (`llama8b_full`'s `train_step`) on simulated CPU
 devices, from XLA's own `compiled.memory_analysis()`: compile only, nothing is allocated.
 
-    python bench/memory.py [--devices 8,32] [--layers 4,32]
+    python bench/memory.py [--devices 8,32] [--layers 4,32] [--set KEY=VALUE ...]
 
 One line per (devices, layers): `devices=D layers=L args_gib=… temp_gib=… peak_gib=…`, where
 peak = arguments + outputs − aliased (donated buffers reused for outputs) + temporaries. The
@@ -20,6 +20,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--devices", default="8,32")
     parser.add_argument("--layers", default="4,32")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override"
+    )
     args = parser.parse_args()
     devices = [int(v) for v in args.devices.split(",")]
     layers = [int(v) for v in args.layers.split(",")]
@@ -37,7 +40,7 @@ def main() -> None:
         for n in layers:
             clear_caches()
             overrides = [f"mesh.data={d}", f"train.batch={d}", f"eval.batch={d}"]
-            overrides.append(f"target.n_layers={n}")
+            overrides += [f"target.n_layers={n}", *args.set]
             _, compiled = compile_programs(load_config("llama8b_full", overrides))
             m = compiled["train_step"].memory_analysis()
             if m is None:

@@ -16,8 +16,11 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TypeVar
 
 import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
 
 Carry = TypeVar("Carry")
+P = TypeVar("P")
 X = TypeVar("X")
 Y = TypeVar("Y")
 
@@ -64,3 +67,25 @@ def repeat(n: int, f: Callable[[Carry], Carry], init: Carry) -> Carry:
         return f(carry), None
 
     return scan(body, init, None, length=n)[0]
+
+
+def accumulate(
+    f: Callable[[P, X], Float[Array, ""]], params: P, rows: X, into: P, scale: float
+) -> tuple[Float[Array, ""], P]:
+    """`(mean_j f(params, rows[j]), into + scale · ∇ mean_j f)`, one row at a time.
+
+    Each row's backward runs in the row's own iteration and the loop carries the one running
+    gradient `into`, so a step holds one row's residuals (a masked forward's activations) and
+    one gradient at a time, never every row's; nothing a row computes from `params` alone (a
+    layer's gathered weights) is hoisted out of the loop and kept for all of them.
+    """
+    n = jax.tree.leaves(rows)[0].shape[0]
+
+    def body(grads: P, row: X) -> tuple[P, Float[Array, ""]]:
+        value, grad = jax.value_and_grad(f)(params, row)
+        return jax.tree.map(lambda a, g: a + g * (scale / n), grads, grad), value
+
+    # (The values leave as rows, not in the carry: a carry made here would not vary like the
+    # parameters where they vary, over a sweep's members.)
+    grads, values = scan(body, into, rows)
+    return jnp.mean(values), grads

@@ -1,17 +1,25 @@
 """Losses: faithfulness, importance minimality, output divergence, recon plans (SPEC §5)."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name as _checkpoint_name
 from jaxtyping import Array, Bool, Float, Int, Key
 
-from pd import rng
+from pd import loops, rng
+from pd.shard import gathered, stored
 from pd.sites import SiteTable, take
 
 PlanKind = Literal["all", "per_site", "subset", "chunks"]
+
+
+_RESIDUAL = "faithfulness residual"
+checkpoint_name: Callable[[Array, str], Array] = _checkpoint_name  # unannotated upstream
 
 
 def faithfulness(
@@ -23,14 +31,29 @@ def faithfulness(
     """S17: `Σ_s ‖W_s − V_s U_s‖²_F / Σ_s numel(W_s)` from the fp32 masters.
 
     `W[kind]` is the target's layer-stacked frozen weight of a kind; each kind's sites are one
-    batched matmul (a Python loop over the few kinds, never over sites or layers).
+    scan over its layers (a Python loop over the few kinds, never over sites or layers). On a
+    mesh, W and V keep their rows where they are stored and one layer's U is gathered at a time,
+    so no `[d_in, d_out]` product is ever formed for more than one layer.
     """
     total = jnp.zeros((), jnp.float32)
     numel = 0.0  # a float: an int over 2³¹ would overflow under jit
+
+    # The backward keeps each layer's residual `W − VU` (the size of W's shard) and gathers U
+    # again; it never keeps a gathered U, nor recomputes the product.
+    @partial(jax.checkpoint, policy=jax.checkpoint_policies.save_only_these_names(_RESIDUAL))
+    def layer(
+        carry: None, xs: tuple[Float[Array, "i o"], Float[Array, "i c"], Float[Array, "c o"]]
+    ) -> tuple[None, Float[Array, ""]]:
+        w, v, u = xs
+        u = gathered("U", u, (None, "d_out"), exact=True)
+        residual = checkpoint_name(w.astype(jnp.float32) - v @ u, _RESIDUAL)
+        return None, jnp.sum(residual**2)
+
     for kind in table.kinds:
-        w = take(W[kind], table.present_layers(kind)).astype(jnp.float32)
-        vu = jnp.einsum("nic,nco->nio", table.of_kind(V, kind), table.of_kind(U, kind))
-        total = total + jnp.sum((w - vu) ** 2)
+        w = take(W[kind], table.present_layers(kind))
+        v = stored("V", table.of_kind(V, kind), (None, "d_in", None))
+        u = stored("U", table.of_kind(U, kind), (None, None, "d_out"))
+        total = total + jnp.sum(loops.scan(layer, None, (w, v, u))[1])
         numel += float(w.size)
     return total / numel
 

@@ -8,10 +8,12 @@ float32. Outside it (the default, SPEC N3) `matmul` is `a @ b`.
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Literal
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 from jaxtyping import Array, BFloat16, Float
 
 ComputeDtype = Literal["fp32", "bf16"]
@@ -34,14 +36,27 @@ def current() -> ComputeDtype:
     return _dtype[-1]
 
 
-def matmul(a: Float[Array, "*s k"], b: Float[Array, "k n"]) -> Float[Array, "*s n"]:
+def matmul(
+    a: Float[Array, "*s k"], b: Float[Array, "k n"], out_dtype: DTypeLike | None = None
+) -> Float[Array, "*s n"]:
     """`a @ b`; in bf16 compute, of the bf16-rounded operands accumulated in float32, in `a @ b`'s
-    own dtype, and so are the two matmuls of its gradient."""
+    own dtype (or `out_dtype`), and so are the two matmuls of its gradient. An operand already
+    in bfloat16 (a frozen weight held so) is used as it is, never widened."""
     if current() == "fp32":
-        return a @ b
-    f32 = jnp.float32
-    out: Float[Array, "*s n"] = _bf16_matmul(a.astype(f32), b.astype(f32))
-    return out.astype(jnp.result_type(a, b))
+        if out_dtype is None:
+            return a @ b
+        return jnp.matmul(a, b, preferred_element_type=out_dtype)
+    a, b = _operand(a), _operand(b)
+    out: Float[Array, "*s n"] = _bf16_matmul(a, b, a.dtype, b.dtype)
+    return out.astype(jnp.result_type(a, b) if out_dtype is None else out_dtype)
+
+
+def _operand(x: Float[Array, "*s"]) -> Float[Array, "*s"]:
+    return x if x.dtype == jnp.bfloat16 else x.astype(jnp.float32)
+
+
+def _rounded(x: Float[Array, "*s"]) -> BFloat16[Array, "*s"]:
+    return x if x.dtype == jnp.bfloat16 else to_bf16(x)
 
 
 def to_bf16(x: Float[Array, "*s"]) -> BFloat16[Array, "*s"]:
@@ -64,31 +79,38 @@ Residuals = tuple[BFloat16[Array, "..."], BFloat16[Array, "k n"]]
 
 
 def _transposed(x: Float[Array, "m k"]) -> BFloat16[Array, "k m"]:
-    """`to_bf16(x.T)` in memory: the barrier keeps XLA from folding the transpose into the dot
-    that reads it. Rounded from the float32 `x` in the same pass, not copied from its rounded
-    twin: that copy made the ResidMLP-1 bf16 step 1.05× slower (README, "Speed")."""
-    return _barrier(to_bf16(x.T))
+    """`x.T` rounded to bfloat16 in memory: the barrier keeps XLA from folding the transpose
+    into the dot that reads it. Rounded from the float32 `x` in the same pass, not copied from
+    its rounded twin: that copy made the ResidMLP-1 bf16 step 1.05× slower (README, "Speed")."""
+    return _barrier(_rounded(x.T))
 
 
-def _fwd(a: Float[Array, "*s k"], b: Float[Array, "k n"]) -> tuple[Float[Array, "*s n"], Residuals]:
+def _fwd(
+    a: Float[Array, "*s k"], b: Float[Array, "k n"], a_dtype: jnp.dtype, b_dtype: jnp.dtype
+) -> tuple[Float[Array, "*s n"], Residuals]:
     # The backward keeps the rounded operands, not the float32 ones: half the memory, and no
     # second conversion of each activation (5-7 % of a ResidMLP-1 step on a CPU). The weight
     # gradient contracts the rows of `a` and of the cotangent, and XLA's CPU backend has bf16
     # kernels only for a left operand contracted on its last axis (it computes the others in
     # float32), so one of the two is transposed in memory: `a` here when it is the narrower.
     k, n = b.shape
-    a16, b16 = to_bf16(a), to_bf16(b)
+    del a_dtype, b_dtype
+    a16, b16 = _rounded(a), _rounded(b)
     out = jnp.matmul(a16, b16, preferred_element_type=jnp.float32)
     return out, ((_transposed(a.reshape(-1, k)) if k <= n else a16), b16)
 
 
-@jax.custom_vjp
-def _bf16_matmul(a: Float[Array, "*s k"], b: Float[Array, "k n"]) -> Float[Array, "*s n"]:
-    return _fwd(a, b)[0]
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _bf16_matmul(
+    a: Float[Array, "*s k"], b: Float[Array, "k n"], a_dtype: jnp.dtype, b_dtype: jnp.dtype
+) -> Float[Array, "*s n"]:
+    """`a @ b` of bf16-rounded operands in float32; the gradients come back in the operands'
+    dtypes (`a_dtype`, `b_dtype`: float32, or bfloat16 for an operand held so)."""
+    return _fwd(a, b, a_dtype, b_dtype)[0]
 
 
 def _bwd(
-    res: Residuals, g: Float[Array, "*s n"]
+    a_dtype: jnp.dtype, b_dtype: jnp.dtype, res: Residuals, g: Float[Array, "*s n"]
 ) -> tuple[Float[Array, "*s k"], Float[Array, "k n"]]:
     a_res, b16 = res
     k, n = b16.shape
@@ -105,7 +127,7 @@ def _bwd(
             _transposed(g.reshape(-1, n)), a_res.reshape(-1, k), preferred_element_type=f32
         )
         gb = _barrier(gbT).T
-    return ga, gb
+    return ga.astype(a_dtype), gb.astype(b_dtype)
 
 
 _bf16_matmul.defvjp(_fwd, _bwd)

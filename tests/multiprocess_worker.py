@@ -1,4 +1,5 @@
-"""One worker of the multi-process test: sharded init and one train step of a tiny ResidMLP,
+"""One worker of the multi-process test: sharded init and one train step of a tiny ResidMLP
+whose every trained leaf (V/U, CI weights, their Adam moments) is split over both processes,
 then the state saved with orbax from every process, restored and compared, and the
 decomposition written by `pd.train.checkpoint.save`.
 
@@ -25,14 +26,14 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
     from jax.experimental import multihost_utils
     from jax.sharding import AxisType, Mesh
 
-    from pd.init import init_vu, key_tree
-    from pd.shard import global_batch, initialize_distributed, vu_shardings
+    from pd.init import key_tree
+    from pd.shard import global_batch, initialize_distributed
+    from pd.shard.state import frozen_shardings
     from pd.targets.base import as_toy
     from pd.train.checkpoint import host_arrays
     from pd.train.checkpoint import save as save_decomposition
     from pd.train.config import load_config
-    from pd.train.init_state import abstract_state, init_train_state
-    from pd.train.optim import component_optimizer
+    from pd.train.init_state import abstract_state, init_train_state, state_shardings
     from pd.train.resume import Checkpoints
     from pd.train.run import make_recipe
     from pd.train.step import make_sampler, make_train_step
@@ -47,20 +48,17 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
     init_key, src_key, run_key = key_tree(0)
     toy = as_toy(recipe.target)
     frozen = toy.expand(toy.init_train(jax.random.key(1)))
-    comps = jax.jit(init_vu, static_argnums=1, out_shardings=vu_shardings(recipe.table, mesh))(
-        init_key, recipe.table
-    )
-    state = init_train_state(recipe, init_key, src_key)._replace(components=comps)
-    opt = component_optimizer(recipe.train)
-    state = state._replace(opt_components=jax.jit(opt.init)(comps))
+    frozen = jax.device_put(frozen, frozen_shardings(recipe.target, frozen, mesh))
+    state = init_train_state(recipe, init_key, src_key, mesh)
     allgather: Callable[..., object] = multihost_utils.process_allgather
 
     def gather(x: object) -> object:
         return allgather(x, tiled=True)  # the global array, on every host
 
-    arrays = {"init_V0": gather(comps.V[0])}  # before the step, which donates its state
+    arrays = {"init_V0": gather(state.components.V[0])}  # before the step donates its state
     x = global_batch(make_sampler(as_toy(recipe.target), 16)(run_key, state.step), mesh)
-    state, metrics = make_train_step(recipe)(state, frozen, x, run_key)
+    step = make_train_step(recipe, state_shardings(recipe, mesh))
+    state, metrics = step(state, frozen, x, run_key)
     arrays["V0"] = gather(state.components.V[0])
     arrays["U1"] = gather(state.components.U[1])
     arrays["loss"] = gather(metrics["loss/total"])
@@ -70,7 +68,10 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
     def spans(a: jax.Array) -> bool:  # shards on both processes
         return num_processes == 1 or not a.is_fully_addressable
 
-    assert spans(state.components.V[0])
+    learned = (state.components, state.ci_params, state.opt_components, state.opt_ci)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(learned)[0]:
+        if leaf.ndim:  # (not the optimizers' step counts)
+            assert spans(leaf), f"{jax.tree_util.keystr(path)} is whole on one process"
     saved = host_arrays(state)  # the whole state, gathered on every process
     folder = Path(out).with_suffix(".ckpt")
     checkpoints = Checkpoints(folder, keep=1)

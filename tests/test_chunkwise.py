@@ -145,16 +145,16 @@ def test_two_layers_per_chunk_read_both_streams_in_order() -> None:
         np.testing.assert_allclose(np.asarray(per_slot[j][1]), np.asarray(ref[j]), atol=1e-5)
 
 
-# The PartitionSpec of every parameter (after the unsharded chunks axis) on a `model` axis.
+# The PartitionSpec of every parameter (after the unsharded chunks axis) on a (data, model) mesh.
 EXPECTED_SPECS = {
-    "w_in": (None, "model"),
-    "q": (None, "model"),
-    "k": (None, "model"),
-    "v": (None, "model"),
-    "o": ("model", None),
-    "mlp_in": (None, "model"),
-    "mlp_out": ("model", None),
-    "w_out": ("model", None),
+    "w_in": ("data", "model"),
+    "q": ("data", "model"),
+    "k": ("data", "model"),
+    "v": ("data", "model"),
+    "o": ("model", "data"),
+    "mlp_in": ("data", "model"),
+    "mlp_out": ("model", "data"),
+    "w_out": ("model", "data"),
 }
 
 
@@ -186,8 +186,10 @@ def test_i1_chunk_init_over_chunk_counts_sharded_equals_unrolled(
                 spec = (None, *EXPECTED_SPECS.get(n, (None,)))  # biases: replicated
                 assert isinstance(leaf.sharding, NamedSharding)
                 assert tuple(leaf.sharding.spec) == spec, f"{m}/{n}"
-                # Really split: every device holds all chunks and 1/model of the wide axis.
-                local = tuple(d // model if e else d for d, e in zip(leaf.shape, spec, strict=True))
+                # Really split: every device holds all chunks, 1/model of the wide axis and
+                # 1/data of the other.
+                ways = {None: 1, "model": model, "data": 4 // model}
+                local = tuple(d // ways[e] for d, e in zip(leaf.shape, spec, strict=True))
                 assert all(sh.data.shape == local for sh in leaf.addressable_shards), f"{m}/{n}"
 
 

@@ -305,7 +305,7 @@ def _trajectory(config: RunConfig, recipe: Recipe, frozen: hk.Params) -> list[di
     if mesh is not None:
         from pd.shard.state import frozen_shardings
 
-        frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
+        frozen = jax.device_put(frozen, frozen_shardings(recipe.target, frozen, mesh))
     step = make_train_step(recipe, shardings)
     batches = make_batches(config, recipe, run_key, mesh)
     out = []
@@ -379,17 +379,20 @@ def test_a_language_model_run_from_a_token_file(lm_runs: LMRuns) -> None:
 
 def test_a_language_model_run_on_1_device_resumes_on_4(lm_runs: LMRuns) -> None:
     """The run stopped at step 3 on 1 device and resumed on 4 ends where the whole run on 4
-    ends, its state and every logged step equal to 1e-5."""
+    ends, its state and every logged step equal to D4's 1e-4 relative: its first three steps
+    ran on 1 device, whose reductions (the divergence's over a vocabulary split over 4 devices)
+    are ordered differently, and the sources' Adam ascent divides each element's step by its
+    own gradient's size, which turns a float-level difference into a 1e-5 one."""
     whole, resumed = lm_runs.whole, lm_runs.resumed
     assert len(whole.state.components.V[0].sharding.device_set) == 4
     assert len(resumed.state.components.V[0].sharding.device_set) == 4
     for x, y in zip(jax.tree.leaves(whole.state), jax.tree.leaves(resumed.state), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-4, atol=1e-5)
     rows = [metric_rows(whole), metric_rows(resumed)]
     assert [r["step"] for r in rows[1]] == list(range(6))
     for a, b in zip(*rows, strict=True):
         for key in a:
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
 
 
 def test_compile_only_lowers_init_and_step_on_abstract_inputs() -> None:

@@ -13,10 +13,36 @@ from jaxtyping import Array, Float, Key
 
 from pd import loops
 from pd.ci import CI, GroupParams, Inner, Taps, squash
+from pd.precision import matmul
 from pd.rope import rope, rope_tables
+from pd.shard import gathered, stored
 from pd.sites import SiteTable
 
 ROPE_BASE = 10000.0
+
+# Logical axes (`pd.shard`) of one chunk's weights, by parameter name (after the leading
+# `chunks` axis). Megatron-style on `model`: a matmul into the wide space (d_model, heads, mlp)
+# splits its output columns, one out of it splits its input rows, so a pair needs one reduction
+# and no gather. The other axis (`fsdp`) is split over `data` in storage and gathered inside the
+# scanned chunk body, one chunk at a time.
+WEIGHT_AXES: dict[str, tuple[str | None, ...]] = {
+    "w_in": ("fsdp", "wide"),  # [input_dim, d_model]
+    "q": ("fsdp", "wide"),  # [d_model, d_model]: output columns are heads
+    "k": ("fsdp", "wide"),
+    "v": ("fsdp", "wide"),
+    "o": ("wide", "fsdp"),  # [d_model, d_model]: input rows are heads
+    "mlp_in": ("fsdp", "wide"),  # [d_model, mlp_hidden]
+    "mlp_out": ("wide", "fsdp"),  # [mlp_hidden, d_model]
+    "w_out": ("wide", "fsdp"),  # [d_model, ΣC]
+}
+BIASES = frozenset({"w_in_b", "mlp_in_b", "mlp_out_b", "w_out_b"})  # small: replicated
+
+
+def param_axes(name: str, ndim: int) -> tuple[str | None, ...] | None:
+    """One chunk's parameter's logical axes (a bias: none), None for an unknown name."""
+    if name in BIASES:
+        return (None,) * ndim
+    return WEIGHT_AXES.get(name)
 
 
 @dataclass(frozen=True)
@@ -79,7 +105,7 @@ class ChunkwiseTransformer:
 
         def linear(name: str, h: Array, n_out: int, std: float, bias: bool) -> Array:
             w = hk.get_parameter(name, (h.shape[-1], n_out), init=hk.initializers.RandomNormal(std))
-            out = h @ w
+            out = matmul(h, w)
             if bias:
                 out = out + hk.get_parameter(f"{name}_b", (n_out,), init=jnp.zeros)
             return out
@@ -94,7 +120,7 @@ class ChunkwiseTransformer:
                 with hk.name_scope(f"block_{i}"):
                     x = rms_norm(h)
                     q, k, v = (
-                        (x @ hk.get_parameter(n, (d, d), init=qkv_init)).reshape(
+                        matmul(x, hk.get_parameter(n, (d, d), init=qkv_init)).reshape(
                             *x.shape[:-1], heads, head_dim
                         )
                         for n in ("q", "k", "v")
@@ -102,7 +128,8 @@ class ChunkwiseTransformer:
                     q, k = rope(q, cos, sin), rope(k, cos, sin)
                     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
                     attn = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
-                    h = h + attn.reshape(x.shape) @ hk.get_parameter("o", (d, d), init=qkv_init)
+                    o = hk.get_parameter("o", (d, d), init=qkv_init)
+                    h = h + matmul(attn.reshape(x.shape), o)
                     x = rms_norm(h)
                     x = jax.nn.gelu(
                         linear("mlp_in", x, self.mlp_hidden, math.sqrt(2.0 / d), True),
@@ -136,14 +163,22 @@ class ChunkwiseTransformer:
         inputs = jnp.moveaxis(h, 1, -2).reshape(n, B, T, k * d)  # each chunk's taps, concatenated
         net = self.net()
 
-        # Checkpointed: the backward recomputes a chunk instead of keeping every chunk's
-        # activations (and, sharded, its gathered weights) as residuals.
+        # Checkpointed: the backward recomputes a chunk (its weights' gather included) instead
+        # of keeping every chunk's activations and gathered weights as residuals.
         @jax.checkpoint
         def body(carry: None, xs: tuple[hk.Params, Array]) -> tuple[None, tuple[Array, ...]]:
             chunk_params, h = xs
-            return None, net.apply(chunk_params, h)
+            whole = {
+                m: {n: gathered(_what(m, n), v, _axes(n, v)) for n, v in p.items()}
+                for m, p in chunk_params.items()
+            }
+            return None, net.apply(whole, h)
 
-        _, per_slot = loops.scan(body, None, (params[0], inputs))
+        chunks = {  # the storage layout, so that the gradients are built sharded (`stored`)
+            m: {n: stored(_what(m, n), v, ("chunks", *_axes(n, v[0]))) for n, v in p.items()}
+            for m, p in params[0].items()
+        }
+        _, per_slot = loops.scan(body, None, (chunks, inputs))
         return tuple(per_slot)
 
 
@@ -175,6 +210,16 @@ class ChunkwiseCI:
             s: (j, i) for i, c in enumerate(self.transformer.chunks) for j, s in enumerate(c.sites)
         }
         return squash(self.table.gather_groups(dict(enumerate(per_slot)), where))
+
+
+def _what(module: str, name: str) -> str:
+    return f"chunkwise CI parameter {module}/{name}"
+
+
+def _axes(name: str, leaf: Array) -> tuple[str | None, ...]:
+    axes = param_axes(name, leaf.ndim)
+    assert axes is not None, f"chunkwise CI parameter {name} has no logical axes"
+    return axes
 
 
 def rms_norm(x: Float[Array, "*L d"]) -> Float[Array, "*L d"]:

@@ -1,26 +1,39 @@
 """Logical axes → mesh axes: mesh construction, the rule table and loud divisibility checks."""
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import Array
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
+from jaxtyping import Float
 
+from pd import precision
 from pd.sites import SiteTable
 from pd.state import Components
 
 MeshAxes = str | tuple[str, ...] | None
 
-# SPEC §11 defaults: the batch over data; V/U masters ZeRO-style over every device (C never
-# sharded); chunk-transformer weights on their wide axis; sources follow their scope.
+# SPEC §11 storage: the batch over data; every trained leaf and the frozen weights over the
+# whole mesh (ZeRO-3): V/U and the frozen matrices on their input (V, W) or output (U) rows, the
+# vocabulary of the embedding and head over every device (C never sharded); a CI weight on its
+# wide axis over `model` (Megatron pairs) and on its other axis, `fsdp`, over `data`; a per-site
+# CI weight on its axis after the sites' (`spread`) over every device; sources follow their scope.
 DEFAULT_RULES: dict[str, MeshAxes] = {
     "batch": "data",
     "d_in": ("data", "model"),
     "d_out": ("data", "model"),
+    "vocab": ("data", "model"),
     "wide": "model",
+    "fsdp": "data",
+    "spread": ("data", "model"),
 }
+# Where a weight is used (one layer's or one chunk's slice, inside the scanned body): whole on
+# the data axis, still split on the model-parallel axes.
+GATHERED_RULES: dict[str, MeshAxes] = {"batch": "data", "wide": "model"}
 
 
 _spec: Callable[..., PartitionSpec] = PartitionSpec  # its constructor is unannotated upstream
@@ -83,6 +96,55 @@ def named_sharding(
     rules: Mapping[str, MeshAxes] = DEFAULT_RULES,
 ) -> NamedSharding:
     return NamedSharding(mesh, partition_spec(what, shape, logical, mesh, rules))
+
+
+_placement: list[Mesh | None] = [None]
+_constrain: Callable[[Array, NamedSharding], Array] = jax.lax.with_sharding_constraint
+
+
+@contextmanager
+def placement(mesh: Mesh | None) -> Iterator[None]:
+    """Trace the block's `gathered` weights on `mesh` (None: one device, nothing to gather)."""
+    _placement.append(mesh)
+    try:
+        yield
+    finally:
+        _placement.pop()
+
+
+def stored(what: str, x: Float[Array, "*s"], logical: Sequence[str | None]) -> Float[Array, "*s"]:
+    """`x` held in the layout its logical axes give it by `DEFAULT_RULES` on the mesh being
+    traced (nothing without one). Put on a weight stack before the scan that slices it, it
+    makes the gradient, which the scan's backward builds one slice at a time, be built in that
+    layout too, never whole; put on an activation, it says where that activation lives."""
+    mesh = _placement[-1]
+    if mesh is None:
+        return x
+    return _constrain(x, named_sharding(what, x.shape, logical, mesh, DEFAULT_RULES))
+
+
+def gathered(
+    what: str, x: Float[Array, "*s"], logical: Sequence[str | None], exact: bool = False
+) -> Float[Array, "*s"]:
+    """One scanned slice of a weight stored over the whole mesh (`DEFAULT_RULES`), whole where it
+    is used (`GATHERED_RULES`): the all-gather happens in the body, so one layer's or one chunk's
+    weights are whole at a time, and the gradient leaves it reduce-scattered to the storage
+    layout, never a full replica.
+
+    In bf16 compute (and not `exact`) the stored float32 shard is rounded to bfloat16 before
+    the gather: half the bytes move and are held, and the matmuls, which round their operands,
+    see the values they see on one device. The weight's gradient is summed over the devices in
+    float32 (the matmul's accumulation), rounded to bfloat16 once per pass and layer, and
+    accumulated into the float32 gradient of the shard.
+    """
+    mesh = _placement[-1]
+    if mesh is None:
+        return x
+    # The first constraint's transpose reduce-scatters the gradient into the storage layout.
+    x = _constrain(x, named_sharding(what, x.shape, logical, mesh, DEFAULT_RULES))
+    if precision.current() == "bf16" and not exact and x.dtype == jnp.float32:
+        x = x.astype(jnp.bfloat16)
+    return _constrain(x, named_sharding(what, x.shape, logical, mesh, GATHERED_RULES))
 
 
 def vu_shardings(

@@ -1,5 +1,6 @@
 """Placement of the chunkwise-transformer CI parameters (SPEC §4.1, §11): weights on their wide
-axis, biases replicated, the stacked `chunks` axis left to the rules (unsharded by default)."""
+axis over `model` and their other axis over `data` (`pd.ci.chunkwise.WEIGHT_AXES`), biases
+replicated, the stacked `chunks` axis left to the rules (unsharded by default)."""
 
 from collections.abc import Mapping
 
@@ -7,23 +8,8 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 
 from pd.ci import GroupParams
-from pd.ci.chunkwise import ChunkwiseTransformer
+from pd.ci.chunkwise import WEIGHT_AXES, ChunkwiseTransformer, param_axes
 from pd.shard import DEFAULT_RULES, MeshAxes, ShardingError, named_sharding
-
-# Logical axes of one chunk's weights, by parameter name (after the leading `chunks` axis).
-# Megatron-style: a matmul into the wide space (d_model, heads, mlp) splits its output
-# columns, one out of it splits its input rows, so a pair needs one reduction and no gather.
-WEIGHT_AXES: dict[str, tuple[str | None, ...]] = {
-    "w_in": (None, "wide"),  # [input_dim, d_model]
-    "q": (None, "wide"),  # [d_model, d_model]: output columns are heads
-    "k": (None, "wide"),
-    "v": (None, "wide"),
-    "o": ("wide", None),  # [d_model, d_model]: input rows are heads
-    "mlp_in": (None, "wide"),  # [d_model, mlp_hidden]
-    "mlp_out": ("wide", None),  # [mlp_hidden, d_model]
-    "w_out": ("wide", None),  # [d_model, ΣC]
-}
-BIASES = frozenset({"w_in_b", "mlp_in_b", "mlp_out_b", "w_out_b"})  # small: replicated
 
 # Shaped like `ChunkwiseTransformer.init`'s output: one dict of modules of parameters.
 ChunkShardings = tuple[dict[str, dict[str, NamedSharding]], ...]
@@ -41,11 +27,8 @@ def chunk_param_shardings(
 
     def placed(module: str, name: str, shape: tuple[int, ...]) -> NamedSharding:
         what = f"chunkwise CI parameter {module}/{name}"
-        if name in BIASES:
-            axes: tuple[str | None, ...] = (None,) * (len(shape) - 1)
-        elif name in WEIGHT_AXES:
-            axes = WEIGHT_AXES[name]
-        else:
+        axes = param_axes(name, len(shape) - 1)
+        if axes is None:
             raise ShardingError(
                 f"{what} has no logical axes, expected one of {sorted(WEIGHT_AXES)} or a bias"
             )
@@ -58,3 +41,19 @@ def chunk_param_shardings(
         }
         for group in abstract
     )
+
+
+def per_site_param_shardings(
+    params: object, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES
+) -> object:
+    """The placement of a per-site CI function's parameters (`[n_sites, …]` per shape group,
+    here their shapes), each split over
+    every device on its axis after the sites' (`spread`: a subcomponent MLP's C, a shared MLP's
+    fan-in or width); one that does not divide raises ShardingError naming the parameter."""
+
+    def placed(path: tuple[object, ...], leaf: jax.ShapeDtypeStruct) -> NamedSharding:
+        what = f"per-site CI parameter {jax.tree_util.keystr(path)}"
+        logical = (None, "spread", *(None,) * (leaf.ndim - 2))
+        return named_sharding(what, leaf.shape, logical, mesh, rules)
+
+    return jax.tree_util.tree_map_with_path(placed, params)

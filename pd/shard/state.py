@@ -7,8 +7,9 @@ import jax
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from pd.shard import ShardingError, _spec
+from pd.shard import ShardingError, _spec, named_sharding
 from pd.state import Components, TrainState
+from pd.targets.base import FrozenShapes, Target
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -54,10 +55,14 @@ def train_state_shardings(
     return sharded
 
 
-def frozen_shardings(frozen: object, mesh: Mesh) -> object:
-    """The frozen target, replicated: it is read by every device and never updated.
-
-    (At a scale where a replica does not fit, its matrices would take the `model` axis; pd's
-    targets fit on one device today.)
-    """
-    return jax.tree.map(lambda _: replicated(mesh), frozen)
+def frozen_shardings(target: Target, frozen: FrozenShapes, mesh: Mesh) -> object:
+    """The frozen target's placement, from its logical axes (`Target.frozen_axes`): a language
+    model's matrices over the whole mesh, gathered one layer at a time where they are used."""
+    axes = target.frozen_axes(frozen)
+    return {
+        m: {
+            n: named_sharding(f"frozen {m}/{n}", leaf.shape, axes[m][n], mesh)
+            for n, leaf in p.items()
+        }
+        for m, p in frozen.items()
+    }

@@ -1,8 +1,10 @@
 """The Target protocols: a frozen network whose chosen matmuls are decomposed sites."""
 
+from collections.abc import Mapping
 from typing import Literal, Protocol, runtime_checkable
 
 import haiku as hk
+import jax
 from jaxtyping import Array, Float, Key, Shaped
 
 from pd.decompose import FROZEN, Sites
@@ -18,6 +20,10 @@ Output = Float[Array, "B ..."]
 Taps = dict[str, Float[Array, "_n B ..."]]
 LayerTaps = dict[str, Float[Array, "B ..."]]  # one layer's taps, inside a target's layer scan
 Divergence = Literal["mse", "kl"]
+# The logical axes (pd.shard's rules) of every frozen parameter, shaped like the params; and
+# the params or their shapes, which is all the axes are computed from.
+FrozenAxes = dict[str, dict[str, tuple[str | None, ...]]]
+FrozenShapes = Mapping[str, Mapping[str, Array | jax.ShapeDtypeStruct]]
 
 
 class TargetBase:
@@ -30,6 +36,11 @@ class TargetBase:
 
     def apply(self, params: hk.Params, x: Batch, sites: Sites) -> tuple[Output, Taps]:
         raise NotImplementedError
+
+    def frozen_axes(self, params: FrozenShapes) -> FrozenAxes:
+        """The logical axes of the frozen parameters: none (replicated), unless a target says
+        how its matrices are stored over a mesh."""
+        return {m: {n: (None,) * leaf.ndim for n, leaf in p.items()} for m, p in params.items()}
 
     def forward(self, params: hk.Params, x: Batch, sites: Sites) -> Output:
         return self.apply(params, x, sites)[0]
@@ -62,6 +73,10 @@ class Target(Protocol):
 
     def weights(self, params: hk.Params) -> dict[str, Float[Array, "_L _d_in _d_out"]]:
         """The frozen W of every decomposed kind, stacked over the target's layers."""
+        ...
+
+    def frozen_axes(self, params: FrozenShapes) -> FrozenAxes:
+        """The logical axes of every frozen parameter (how a mesh stores it, SPEC §11)."""
         ...
 
     def taps(self, params: hk.Params, x: Batch) -> tuple[Taps, Output]:

@@ -34,9 +34,11 @@ from jaxtyping import Array, Bool, Float, Int, Key
 
 from pd import loops
 from pd.decompose import FROZEN, LayerSites, Sites, apply_site
+from pd.precision import matmul
 from pd.rope import rope, rope_tables
+from pd.shard import gathered, stored
 from pd.sites import SiteSpec, SiteTable, input_tap
-from pd.targets.base import Divergence, LayerTaps, Taps, TargetBase
+from pd.targets.base import Divergence, FrozenAxes, FrozenShapes, LayerTaps, Taps, TargetBase
 
 # How the layer body is checkpointed. "dots": the backward keeps the outputs of the layer's
 # matmuls (projections and the decomposed path) and recomputes norms, RoPE and attention's
@@ -59,6 +61,18 @@ def checkpointed(body: F, remat: Remat) -> F:
 KINDS = ("q", "k", "v", "o", "gate", "up", "down")
 _ATTN_KINDS = ("q", "k", "v", "o")
 _MASKED = float(np.finfo(np.float32).min)  # score of a masked (future) position
+# The logical axes of the frozen parameters (`pd.shard`): every matrix over the whole mesh, on
+# its input rows (per layer) or its vocabulary, gathered where it is used; norms replicated.
+_FROZEN_AXES: dict[str, tuple[str | None, ...]] = {
+    **{kind: (None, "d_in", None) for kind in KINDS},
+    "attn_norm": (None, None),
+    "mlp_norm": (None, None),
+    "embed": ("vocab", None),
+    "final_norm": (None,),
+    "head": (None, "vocab"),
+}
+# A layer's slice of the sites' components, gathered in the layer body like the frozen W.
+_V_AXES, _U_AXES = ("d_in", None), (None, "d_out")
 
 
 @dataclass(frozen=True)
@@ -169,6 +183,9 @@ class Llama(TargetBase):
         params: hk.Params = self._net.init(key, jnp.zeros((1, 1), jnp.int32), FROZEN)
         return params
 
+    def frozen_axes(self, params: FrozenShapes) -> FrozenAxes:
+        return {m: {n: _FROZEN_AXES[n] for n in p} for m, p in params.items()}
+
     def weights(self, params: hk.Params) -> dict[str, Float[Array, "L d_in d_out"]]:
         """Each decomposed kind's frozen `W: [n_layers, d_in, d_out]` (in the params' dtype)."""
         return {k: params["~"][k] for k in self.table.kinds}
@@ -226,7 +243,7 @@ class Llama(TargetBase):
         def layer(
             h: Float[Array, "B T d"], xs: tuple[dict[str, Array], dict[str, LayerSites]]
         ) -> tuple[Float[Array, "B T d"], LayerTaps]:
-            w, here = xs
+            w, here = _gathered_layer(*xs)
 
             def proj(kind: str, x: Float[Array, "B T d_in"]) -> Float[Array, "B T d_out"]:
                 return apply_site(sites.hook, here, kind, x, w[kind])
@@ -245,12 +262,46 @@ class Llama(TargetBase):
             taps = {input_tap(kind): inputs[kind] for kind in recorded}
             return h_mid + proj("down", x_down), {"resid": h, **taps}
 
-        xs = jax.tree.map(lambda a: a[start:], (stacked, sites.layers))  # a static slice
+        xs = _stored_layers(*jax.tree.map(lambda a: a[start:], (stacked, sites.layers)))
         h, taps = loops.scan(checkpointed(layer, self.remat), h, xs)
         taps["resid"] = jnp.concatenate([taps["resid"], h[None]])
         h = rms_norm(h, final_norm, a.rms_eps)
-        logits = jnp.matmul(h, W_head, preferred_element_type=jnp.float32)
-        return logits, taps
+        # Vocabulary-parallel on a mesh: every device reads the whole batch's final stream (a
+        # small gather) and computes the logits of its own slice of the vocabulary, so the head
+        # is never gathered; the divergence reduces over the vocabulary across devices.
+        h = stored("final stream", h, (None, None, None))
+        logits = matmul(h, W_head, jnp.float32)
+        return stored("logits", logits, (None, None, "vocab")), taps
+
+
+def _stored_layers(
+    w: dict[str, Array], layers: dict[str, LayerSites]
+) -> tuple[dict[str, Array], dict[str, LayerSites]]:
+    """The layer-stacked weights and components the layer scan slices, in their storage layout
+    (`stored`), so that their gradients are built sharded."""
+    w = {n: stored(f"frozen {n}", v, _FROZEN_AXES[n]) for n, v in w.items()}
+    layers = {
+        kind: s._replace(
+            V=stored(f"V of {kind}", s.V, (None, *_V_AXES)),
+            U=stored(f"U of {kind}", s.U, (None, *_U_AXES)),
+        )
+        for kind, s in layers.items()
+    }
+    return w, layers
+
+
+def _gathered_layer(
+    w: dict[str, Array], here: dict[str, LayerSites]
+) -> tuple[dict[str, Array], dict[str, LayerSites]]:
+    """One layer's frozen weights and components, whole inside the layer body (`gathered`)."""
+    w = {n: gathered(f"frozen {n}", v, _FROZEN_AXES[n][1:]) for n, v in w.items()}
+    here = {
+        kind: s._replace(
+            V=gathered(f"V of {kind}", s.V, _V_AXES), U=gathered(f"U of {kind}", s.U, _U_AXES)
+        )
+        for kind, s in here.items()
+    }
+    return w, here
 
 
 def rms_norm(x: Float[Array, "*L d"], w: Float[Array, " d"], eps: float) -> Float[Array, "*L d"]:

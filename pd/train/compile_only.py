@@ -56,7 +56,7 @@ def compile_programs(config: RunConfig) -> tuple[CompileTimes, dict[str, Compile
     key = shape_dtype(key.shape, key.dtype, sharding=replicated(mesh))
     frozen_shape = jax.eval_shape(recipe.target.init, jax.random.key(0))
     frozen_shape = jax.tree.map(lambda a: shape_dtype(a.shape, FROZEN_DTYPE), frozen_shape)
-    frozen = abstract(frozen_shape, frozen_shardings(frozen_shape, mesh))
+    frozen = abstract(frozen_shape, frozen_shardings(recipe.target, frozen_shape, mesh))
     B, T = config.train.batch, config.target.seq_len
     batch = shape_dtype(
         (B, T), jnp.int32, sharding=named_sharding("batch", (B, T), ("batch", None), mesh)

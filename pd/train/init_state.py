@@ -13,8 +13,8 @@ from pd.ci import PerSiteCI
 from pd.ci.chunkwise import ChunkwiseCI
 from pd.init import init_ci_fn, init_vu
 from pd.shard import source_shardings, vu_shardings
-from pd.shard.ci import chunk_param_shardings
-from pd.shard.state import replicated, train_state_shardings
+from pd.shard.ci import chunk_param_shardings, per_site_param_shardings
+from pd.shard.state import train_state_shardings
 from pd.state import TrainState
 from pd.train.optim import ci_optimizer, component_optimizer
 from pd.train.step import Recipe
@@ -46,8 +46,8 @@ def initial_state(recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, 
 
 
 def state_shardings(recipe: Recipe, mesh: Mesh) -> TrainState:
-    """Where every leaf lives: V/U ZeRO-style, CI weights on their wide axis (per-site MLPs are
-    small and replicated), sources by scope, optimizer moments like their parameters."""
+    """Where every leaf lives (SPEC §11): V/U and every CI weight over the whole mesh (ZeRO-3),
+    sources by scope, optimizer moments like their parameters."""
     # Keys made inside eval_shape: nothing is computed or compiled.
     abstract: TrainState = jax.eval_shape(
         lambda: initial_state(recipe, jax.random.key(0), jax.random.key(1))
@@ -57,7 +57,7 @@ def state_shardings(recipe: Recipe, mesh: Mesh) -> TrainState:
         ci_params: object = chunk_param_shardings(ci_fn.transformer, mesh)
     else:
         assert isinstance(ci_fn, PerSiteCI)
-        ci_params = jax.tree.map(lambda _: replicated(mesh), abstract.ci_params)
+        ci_params = per_site_param_shardings(abstract.ci_params, mesh)
     sources: tuple[NamedSharding, ...] = ()
     if abstract.sources:
         per_example = recipe.loss.adversary.scope in ("bc", "bsc")

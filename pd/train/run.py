@@ -271,7 +271,7 @@ def run(
                 (tmp_dir / "config.json").write_text(config_json)
                 frozen = trained.params
                 if mesh is not None:
-                    frozen = jax.device_put(frozen, frozen_shardings(frozen, mesh))
+                    frozen = jax.device_put(frozen, frozen_shardings(recipe.target, frozen, mesh))
                 batches = make_batches(config, recipe, run_key, mesh, kind=kind)
                 eval_batches = make_batches(config, recipe, run_key, mesh, True, kind)
                 evaluation = _evaluation(config, recipe, kind, frozen, eval_batches, run_key)

@@ -8,6 +8,7 @@ static arrays mapped over one at a time, and the adversary's warmup ascents are 
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import haiku as hk
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding
 from jaxtyping import Array, Float, Int, Key
 
 from pd import loops
@@ -41,6 +43,7 @@ from pd.losses import (
     uniform_k_routing,
 )
 from pd.precision import compute
+from pd.shard import placement
 from pd.sites import SiteTable, output_tap
 from pd.state import Components, TrainState
 from pd.targets.base import Batch, Output, Taps, Target, ToyTarget
@@ -146,13 +149,37 @@ def ci_program(recipe: Recipe) -> CIProgram:
     return fn
 
 
+# What a step's loss is differentiated in: the components, this step's CI, the sources and the
+# clean products. (In the CI, not its logits: S6's lower squashing gates its gradient by the
+# sign of the whole loss's gradient, summed over every pass.)
+Diff = tuple[Components, CI, Sources, CleanProducts | None]
+Row = tuple[Int[Array, " n"], Int[Array, " n"]]  # (plan entry, mask draw) per masked forward
+
+
+@dataclass(frozen=True)
+class PassTerm:
+    """A loss term of masked forwards: `mean_j forward(diff, rows[j])`, one forward per row,
+    weighted by `coeff` in the total and logged as `name`."""
+
+    name: str
+    coeff: float
+    forward: Callable[[Diff, tuple[Int[Array, ""], Int[Array, ""]]], Float[Array, ""]]
+    rows: Row
+
+
+def with_diff(inp: PassInputs, diff: Diff) -> PassInputs:
+    """`inp` reading the components, CI and clean products of `diff`."""
+    comps, ci, _, products = diff
+    return inp._replace(comps=comps, ci_lower=ci.lower, products=products)
+
+
 def stochastic_recon(
     recipe: Recipe, inp: PassInputs, key: Key[Array, ""], term: ReconTerm
-) -> Float[Array, ""]:
-    """S10/S11: the mean divergence over every forward of the plan, fresh sources each.
+) -> PassTerm:
+    """S10/S11: the divergence of every forward of the plan, fresh sources each.
 
-    Entry j, draw d is one row of a map; its sources and routes come from
-    `fold_in(fold_in(key, j), d)` split into (source, route) (SPEC §9).
+    Entry j, draw d is one row; its sources and routes come from `fold_in(fold_in(key, j), d)`
+    split into (source, route) (SPEC §9).
     """
     table = recipe.table
     entries = recon_plan(term.plan, table, term.k)
@@ -160,12 +187,10 @@ def stochastic_recon(
     routed = entries[0].routed  # one routing kind per plan
     width = max(len(e.live) for e in entries)
     leading = inp.ci_lower[0].shape[1:-1]
-    base = layer_sites(table, inp.comps.V, inp.comps.U, inp.ci_lower, products=inp.products)
     n_draws = recipe.loss.n_mask_samples
     rows = np.arange(len(entries) * n_draws)
-    entry_of, draw_of = jnp.asarray(rows // n_draws), jnp.asarray(rows % n_draws)
 
-    def forward(row: tuple[Int[Array, ""], Int[Array, ""]]) -> Float[Array, ""]:
+    def forward(diff: Diff, row: tuple[Int[Array, ""], Int[Array, ""]]) -> Float[Array, ""]:
         j, d = row
         src_key, route_key = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, j), d))
         routes = uniform_k_routing(route_key, leading, width, plan.n_live[j]) if routed else None
@@ -175,12 +200,40 @@ def stochastic_recon(
             live = s.live & plan.live[kind][j]
             return s._replace(live=live, column=plan.column[kind][j], clean=s.clean | alone & live)
 
+        here = with_diff(inp, diff)
+        base = layer_sites(table, here.comps.V, here.comps.U, here.ci_lower, products=here.products)
         sites = {kind: entry(s, kind) for kind, s in base.items()}
-        hook = decomposed_hook(Draw(src_key), routes)
-        out = recipe.forward(inp, Sites(hook, sites))
+        out = recipe.forward(here, Sites(decomposed_hook(Draw(src_key), routes), sites))
         return recipe.divergence(out, inp.clean)
 
-    return jnp.mean(loops.map_rows(forward, (entry_of, draw_of)))
+    row_arrays = (jnp.asarray(rows // n_draws), jnp.asarray(rows % n_draws))
+    return PassTerm(f"loss/{term.name}", term.coeff, forward, row_arrays)
+
+
+def pass_terms(recipe: Recipe, inp: PassInputs, step_key: Key[Array, ""]) -> list[PassTerm]:
+    """The loss terms made of masked forwards, in the order of the total: the reconstruction
+    terms, the CI-masked term and the adversarial term (S12)."""
+    cfg = recipe.loss
+    terms = [  # a few differently-shaped terms, each one program
+        stochastic_recon(recipe, inp, jax.random.fold_in(step_key, 1 + t), term)
+        for t, term in enumerate(cfg.recon)
+    ]
+    one: Row = (jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32))
+    if cfg.ci_masked > 0:
+        masked = PassTerm(
+            "loss/ci_masked",
+            cfg.ci_masked,
+            lambda d, _: monitor(recipe, with_diff(inp, d), 0.0),
+            one,
+        )
+        terms.append(masked)
+    if cfg.adversary.coeff > 0:
+
+        def adversarial(d: Diff, _: tuple[Int[Array, ""], Int[Array, ""]]) -> Float[Array, ""]:
+            return adversarial_recon(recipe, with_diff(inp, d), d[2])
+
+        terms.append(PassTerm("loss/adversarial", cfg.adversary.coeff, adversarial, one))
+    return terms
 
 
 def adversarial_recon(recipe: Recipe, inp: PassInputs, sources: Sources) -> Float[Array, ""]:
@@ -211,24 +264,27 @@ def flat_metrics(table: SiteTable, metrics: dict[str, np.ndarray]) -> dict[str, 
     return flat
 
 
-def losses(
-    recipe: Recipe,
-    comps: Components,
-    ci: CI,
-    sources: Sources,
-    products: CleanProducts | None,
-    inputs: tuple[hk.Params, Batch, Output, Taps],
-    step_key: Key[Array, ""],
-    step: Int[Array, ""],
-) -> tuple[Float[Array, ""], Metrics]:
-    """The total loss given this step's CI and clean products (a gradient reaches their inner
-    activations, none the frozen `x @ W`), and every term under its own name."""
-    cfg = recipe.loss
+LossInputs = tuple[hk.Params, Batch, Output, Taps]  # frozen, batch, clean output, clean taps
+
+
+def _pass_inputs(diff: Diff, inputs: LossInputs) -> PassInputs:
+    """What the masked forwards read; a gradient reaches the clean products' inner activations,
+    none their frozen `x @ W` (S3: the clean pass's outputs get no gradient)."""
+    comps, ci, _, products = diff
     frozen, x, clean, taps = inputs
-    if products is not None:  # (S3: the clean pass's outputs get no gradient)
+    if products is not None:
         products = products._replace(frozen=jax.lax.stop_gradient(products.frozen))
-    inp = PassInputs(frozen, x, comps, ci.lower, clean, taps, products)
-    faith = faithfulness(recipe.table, recipe.target.weights(frozen), comps.V, comps.U)
+    return PassInputs(frozen, x, comps, ci.lower, clean, taps, products)
+
+
+def direct_losses(
+    recipe: Recipe, diff: Diff, inputs: LossInputs, step: Int[Array, ""]
+) -> tuple[Float[Array, ""], Metrics]:
+    """The terms that run no masked forward (faithfulness, importance, frequency), weighted and
+    summed, and each under its own name."""
+    cfg = recipe.loss
+    comps, ci = diff[0], diff[1]
+    faith = faithfulness(recipe.table, recipe.target.weights(inputs[0]), comps.V, comps.U)
     p = schedule_value(cfg.p, recipe.train.steps, step)
     lp, freq = importance_terms(ci.upper, p, cfg.eps, cfg.reference_token_count)
     total = cfg.faithfulness * faith + cfg.importance * lp
@@ -236,21 +292,40 @@ def losses(
     if cfg.frequency > 0:
         total = total + cfg.frequency * freq
         metrics["loss/frequency"] = freq
-    for t, term in enumerate(cfg.recon):  # a few differently-shaped terms, each one program
-        value = stochastic_recon(recipe, inp, jax.random.fold_in(step_key, 1 + t), term)
+    return total, metrics
+
+
+def losses(
+    recipe: Recipe, diff: Diff, inputs: LossInputs, step_key: Key[Array, ""], step: Int[Array, ""]
+) -> tuple[Float[Array, ""], Metrics]:
+    """The total loss given this step's CI and clean products, and every term under its own
+    name (no gradient: what an evaluation logs)."""
+    total, metrics = direct_losses(recipe, diff, inputs, step)
+    for term in pass_terms(recipe, _pass_inputs(diff, inputs), step_key):
+        value = jnp.mean(loops.map_rows(partial(term.forward, diff), term.rows))
         total = total + term.coeff * value
-        metrics[f"loss/{term.name}"] = value
-    if cfg.ci_masked > 0:
-        value = monitor(recipe, inp, 0.0)
-        total = total + cfg.ci_masked * value
-        metrics["loss/ci_masked"] = value
-    if cfg.adversary.coeff > 0:
-        value = adversarial_recon(recipe, inp, sources)
-        total = total + cfg.adversary.coeff * value
-        metrics["loss/adversarial"] = value
-    metrics["ci_l0"] = ci_l0(ci.lower)
+        metrics[term.name] = value
+    metrics["ci_l0"] = ci_l0(diff[1].lower)
     metrics["loss/total"] = total
     return total, metrics
+
+
+def loss_grads(
+    recipe: Recipe, diff: Diff, inputs: LossInputs, step_key: Key[Array, ""], step: Int[Array, ""]
+) -> tuple[Metrics, Diff]:
+    """`losses`' metrics and the total's gradient in `diff`. Each masked forward takes its
+    backward in its own loop iteration, into one running gradient (`loops.accumulate`): the
+    step holds one forward's activations and one gradient at a time."""
+    (total, metrics), grads = jax.value_and_grad(
+        lambda d: direct_losses(recipe, d, inputs, step), has_aux=True
+    )(diff)
+    for term in pass_terms(recipe, _pass_inputs(diff, inputs), step_key):
+        value, grads = loops.accumulate(term.forward, diff, term.rows, grads, term.coeff)
+        total = total + term.coeff * value
+        metrics[term.name] = value
+    metrics["ci_l0"] = ci_l0(diff[1].lower)
+    metrics["loss/total"] = total
+    return metrics, grads
 
 
 def evaluate_batch(
@@ -261,9 +336,8 @@ def evaluate_batch(
     with loops.unroll(recipe.train.unroll), compute(recipe.train.compute_dtype):  # trace time
         ci, inp = recipe.pass_inputs(state.ci_params, comps, frozen, x)
         inputs = (frozen, x, inp.clean, inp.taps)
-        _, metrics = losses(
-            recipe, comps, ci, state.sources, inp.products, inputs, step_key, state.step
-        )
+        diff = (comps, ci, state.sources, inp.products)
+        _, metrics = losses(recipe, diff, inputs, step_key, state.step)
         metrics |= monitors(recipe, inp)
     return metrics, ci
 
@@ -286,9 +360,10 @@ def state_monitors(recipe: Recipe, state: TrainState, frozen: hk.Params, x: Batc
 StepFn = Callable[[TrainState, hk.Params, Batch, Key[Array, ""]], tuple[TrainState, Metrics]]
 
 
-def step_fn(recipe: Recipe) -> StepFn:
+def step_fn(recipe: Recipe, mesh: Mesh | None = None) -> StepFn:
     """`train_step(state, frozen, batch, run_key)` before jit: the pure body that
-    `make_train_step` jits and `pd.train.sweep` vmaps over the members of a sweep."""
+    `make_train_step` jits and `pd.train.sweep` vmaps over the members of a sweep. On `mesh`
+    the layer and chunk bodies gather their weights from the state's shards (`pd.shard`)."""
     opt_c = component_optimizer(recipe.train)
     opt_ci = ci_optimizer(recipe.train)
     adv = recipe.loss.adversary
@@ -296,8 +371,12 @@ def step_fn(recipe: Recipe) -> StepFn:
     def train_step(
         state: TrainState, frozen: hk.Params, x: Batch, run_key: Key[Array, ""]
     ) -> tuple[TrainState, Metrics]:
-        with loops.unroll(recipe.train.unroll), compute(recipe.train.compute_dtype):
-            return one_step(state, frozen, x, run_key)  # (both settings apply at trace time)
+        with (
+            loops.unroll(recipe.train.unroll),
+            compute(recipe.train.compute_dtype),
+            placement(mesh),
+        ):
+            return one_step(state, frozen, x, run_key)  # (the settings apply at trace time)
 
     def one_step(
         state: TrainState, frozen: hk.Params, x: Batch, run_key: Key[Array, ""]
@@ -327,14 +406,9 @@ def step_fn(recipe: Recipe) -> StepFn:
                 return ascend(sources, source_opt, g, source_lr, adv.beta1, adv.beta2, adv.eps)
 
             sources, source_opt = loops.repeat(adv.n_warmup, warmup_ascent, (sources, source_opt))
-        grad_fn = jax.value_and_grad(
-            lambda c, i, s, p: losses(
-                recipe, c, i, s, p, (frozen, x, clean, taps), step_key, state.step
-            ),
-            argnums=(0, 1, 2, 3),
-            has_aux=True,
+        metrics, (g_comps, g_ci, g_sources, g_products) = loss_grads(
+            recipe, (comps, ci, sources, products), (frozen, x, clean, taps), step_key, state.step
         )
-        (_, metrics), (g_comps, g_ci, g_sources, g_products) = grad_fn(comps, ci, sources, products)
         g_ci_params, g_inner = ci_vjp(g_ci)
         if g_products is not None:
             g_inner = jax.tree.map(jnp.add, g_inner, g_products.inner)
@@ -373,13 +447,20 @@ def make_train_step(recipe: Recipe, shardings: TrainState | None = None) -> Step
     recipe and placement in a process share the program (`one_per_value`).
     """
     out = None if shardings is None else (shardings, None)
+    mesh = None if shardings is None else _mesh_of(shardings)
     step: StepFn = jax.jit(
-        step_fn(recipe),
+        step_fn(recipe, mesh),
         donate_argnums=0,
         out_shardings=out,
         compiler_options=compiler_options(recipe.ci_fn),
     )
     return step
+
+
+def _mesh_of(shardings: TrainState) -> Mesh:
+    sharding = jax.tree.leaves(shardings)[0]
+    assert isinstance(sharding, NamedSharding) and isinstance(sharding.mesh, Mesh)
+    return sharding.mesh
 
 
 StepsFn = Callable[
