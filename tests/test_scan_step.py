@@ -122,17 +122,21 @@ def _compare(
             assert err <= 1e-5, f"{key}: relative difference {err:.2e}"
 
 
+def _tiny_llama_batch(s: int) -> Batch:
+    """The token batch of step `s` the tiny_llama trajectory was recorded with."""
+    rng = np.random.default_rng(100 + s)
+    return jnp.asarray(rng.integers(0, 64, size=(32, 32)), jnp.int32)
+
+
+def _tiny_llama_frozen(t: Target) -> object:
+    assert isinstance(t, Llama)
+    return unrolled_llama_params(t)
+
+
 @pytest.mark.slow
 def test_tiny_llama_scanned_step_matches_the_unrolled_trajectory() -> None:
-    def batch(s: int) -> Batch:
-        rng = np.random.default_rng(100 + s)
-        return jnp.asarray(rng.integers(0, 64, size=(32, 32)), jnp.int32)
-
-    def frozen(t: Target) -> object:
-        assert isinstance(t, Llama)
-        return unrolled_llama_params(t)
-
-    _compare(_trajectory("tiny_llama", [], frozen, batch), "tiny_llama.npz", 32 * 32)
+    recorded = _trajectory("tiny_llama", [], _tiny_llama_frozen, _tiny_llama_batch)
+    _compare(recorded, "tiny_llama.npz", 32 * 32)
 
 
 def test_tms_scanned_step_matches_the_unrolled_trajectory() -> None:
@@ -168,15 +172,8 @@ def test_tiny_llama_bf16_step_stays_near_the_fp32_trajectory() -> None:
       moves that element's update by far more. A wrong gradient would be off by about 1.
     """
 
-    def batch(s: int) -> Batch:
-        rng = np.random.default_rng(100 + s)
-        return jnp.asarray(rng.integers(0, 64, size=(32, 32)), jnp.int32)
-
-    def frozen(t: Target) -> object:
-        assert isinstance(t, Llama)
-        return unrolled_llama_params(t)
-
-    got, init = _trajectory("tiny_llama", ["train.compute_dtype=bf16"], frozen, batch)
+    bf16 = ["train.compute_dtype=bf16"]
+    got, init = _trajectory("tiny_llama", bf16, _tiny_llama_frozen, _tiny_llama_batch)
     with np.load(f"{GOLDEN}/tiny_llama.npz") as z:
         want = {k: z[k] for k in z.files}
     for key, ref in want.items():
