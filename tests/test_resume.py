@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from pd.state import TrainState
 from pd.train import RunResult, load_config, run
 from pd.train.config import ConfigError
-from pd.train.resume import CheckpointDamaged, damage
+from pd.train.resume import CheckpointDamaged, CheckpointMismatch, Checkpoints, damage
 from pd.train.rundir import CHECKPOINTS, SEAL, checkpoint_steps, partial_dir
 from pd.train.signals import Terminated
 from pd.train.step import Metrics, StepFn, StepsFn
@@ -255,6 +255,31 @@ def test_a_run_whose_checkpoints_are_all_damaged_is_one_sentence(
     # Starting over is allowed, and nothing of the damaged run is left.
     again = run(uninterrupted.config, out, overwrite=True)
     assert_same_run(uninterrupted, again)
+
+
+def test_an_intact_checkpoint_of_another_state_layout_stops_the_resume_and_is_kept(
+    tmp_path: Path,
+) -> None:
+    """A sealed checkpoint that orbax cannot read into this version's train state (here: the
+    state of another model) is not damage: one sentence, and every file stays."""
+    from pd.init import key_tree
+    from pd.train.init_state import init_train_state
+    from pd.train.run import make_recipe
+
+    init_key, src_key, _ = key_tree(0)
+    saved, other = (
+        init_train_state(make_recipe(load_config(p, [])), init_key, src_key)
+        for p in ("tms_5-2", "resid_mlp1")
+    )
+    with Checkpoints(tmp_path / "ckpt", keep=2) as checkpoints:
+        checkpoints.save(3, saved)
+    before = sorted(p for p in (tmp_path / "ckpt").rglob("*"))
+    with pytest.raises(CheckpointMismatch) as raised:
+        Checkpoints(tmp_path / "ckpt", keep=2).restore_latest(other)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("the checkpoint of step 3 in")
+    assert "is intact but does not fit this version of pd's train state" in message
+    assert sorted(p for p in (tmp_path / "ckpt").rglob("*")) == before
 
 
 def test_an_interrupted_run_without_its_config_is_one_sentence(

@@ -39,6 +39,11 @@ class CheckpointDamaged(ConfigError):
     """No checkpoint of an interrupted run is intact (exit status 2 from the command line)."""
 
 
+class CheckpointMismatch(ConfigError):
+    """An intact checkpoint that this version of pd cannot read into its train state (exit
+    status 2 from the command line); it is left as it is."""
+
+
 def _orbax() -> ModuleType:
     return importlib.import_module("orbax.checkpoint")
 
@@ -171,8 +176,10 @@ class Checkpoints:
     def restore_latest(self, like: TrainState) -> TrainState | None:
         """The newest intact checkpoint, placed as the abstract leaves of `like` say (their
         shardings may differ from the saving run's: another device count restores too), or
-        None when there is none. Damaged checkpoints are named in a warning and deleted; when
-        every one is damaged, `CheckpointDamaged` says so."""
+        None when there is none. Damaged checkpoints (files that do not match their seal) are
+        named in a warning and deleted; when every one is damaged, `CheckpointDamaged` says so.
+        An intact one that does not fit `like` stops the resume (`CheckpointMismatch`) and is
+        kept."""
         damaged = []
         for step in reversed(sealed_steps(self._folder)):
             folder = self._folder / str(step)
@@ -181,7 +188,14 @@ class Checkpoints:
                 try:
                     return self._restore(step, like)
                 except Exception as err:  # orbax's errors have no common base
-                    what = f"orbax could not read it ({type(err).__name__}: {_first_line(err)})"
+                    # Intact, so not damaged: written for another state layout (another
+                    # version of pd). Kept, and nothing older is tried in its place.
+                    raise CheckpointMismatch(
+                        f"the checkpoint of step {step} in '{self._folder}' is intact but does "
+                        f"not fit this version of pd's train state ({type(err).__name__}: "
+                        f"{_first_line(err)}), expected the layout it was written with: resume "
+                        "it with the version of pd that wrote it, or start over with --overwrite"
+                    ) from err
             damaged.append(f"step {step}: {what}")
             log.warning(
                 "the checkpoint of step %d is damaged (%s): deleted, trying the one before",
