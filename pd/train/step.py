@@ -149,10 +149,20 @@ def ci_program(recipe: Recipe) -> CIProgram:
     return fn
 
 
-# What a step's loss is differentiated in: the components, this step's CI, the sources and the
-# clean products. (In the CI, not its logits: S6's lower squashing gates its gradient by the
-# sign of the whole loss's gradient, summed over every pass.)
-Diff = tuple[Components, CI, Sources, CleanProducts | None]
+class Diff(NamedTuple):
+    """What the masked forwards are differentiated in: the components, this step's masking CI
+    (its lower squashing: S6 gates the logits' gradient by the sign of the whole loss's gradient,
+    summed over every pass), the clean products' inner activations, and the persistent sources
+    where a term reads them (the adversarial term; None elsewhere). A loop over a term's forwards
+    carries a gradient of this shape, so it holds nothing a pass cannot reach: no CI logits or
+    upper squashing, no frozen products, no sources outside the adversarial term."""
+
+    comps: Components
+    lower: CILower
+    inner: Inner | None
+    sources: Sources | None = None
+
+
 Row = tuple[Int[Array, " n"], Int[Array, " n"]]  # (plan entry, mask draw) per masked forward
 
 
@@ -165,12 +175,15 @@ class PassTerm:
     coeff: float
     forward: Callable[[Diff, tuple[Int[Array, ""], Int[Array, ""]]], Float[Array, ""]]
     rows: Row
+    reads_sources: bool = False
 
 
 def with_diff(inp: PassInputs, diff: Diff) -> PassInputs:
-    """`inp` reading the components, CI and clean products of `diff`."""
-    comps, ci, _, products = diff
-    return inp._replace(comps=comps, ci_lower=ci.lower, products=products)
+    """`inp` reading the components, CI and clean inner activations of `diff`."""
+    products = inp.products
+    if products is not None and diff.inner is not None:
+        products = products._replace(inner=diff.inner)
+    return inp._replace(comps=diff.comps, ci_lower=diff.lower, products=products)
 
 
 def stochastic_recon(
@@ -230,9 +243,10 @@ def pass_terms(recipe: Recipe, inp: PassInputs, step_key: Key[Array, ""]) -> lis
     if cfg.adversary.coeff > 0:
 
         def adversarial(d: Diff, _: tuple[Int[Array, ""], Int[Array, ""]]) -> Float[Array, ""]:
-            return adversarial_recon(recipe, with_diff(inp, d), d[2])
+            assert d.sources is not None
+            return adversarial_recon(recipe, with_diff(inp, d), d.sources)
 
-        terms.append(PassTerm("loss/adversarial", cfg.adversary.coeff, adversarial, one))
+        terms.append(PassTerm("loss/adversarial", cfg.adversary.coeff, adversarial, one, True))
     return terms
 
 
@@ -264,29 +278,19 @@ def flat_metrics(table: SiteTable, metrics: dict[str, np.ndarray]) -> dict[str, 
     return flat
 
 
-LossInputs = tuple[hk.Params, Batch, Output, Taps]  # frozen, batch, clean output, clean taps
-
-
-def _pass_inputs(diff: Diff, inputs: LossInputs) -> PassInputs:
-    """What the masked forwards read; a gradient reaches the clean products' inner activations,
-    none their frozen `x @ W` (S3: the clean pass's outputs get no gradient)."""
-    comps, ci, _, products = diff
-    frozen, x, clean, taps = inputs
-    if products is not None:
-        products = products._replace(frozen=jax.lax.stop_gradient(products.frozen))
-    return PassInputs(frozen, x, comps, ci.lower, clean, taps, products)
-
-
 def direct_losses(
-    recipe: Recipe, diff: Diff, inputs: LossInputs, step: Int[Array, ""]
+    recipe: Recipe,
+    comps: Components,
+    upper: CILower,
+    frozen: hk.Params,
+    step: Int[Array, ""],
 ) -> tuple[Float[Array, ""], Metrics]:
     """The terms that run no masked forward (faithfulness, importance, frequency), weighted and
     summed, and each under its own name."""
     cfg = recipe.loss
-    comps, ci = diff[0], diff[1]
-    faith = faithfulness(recipe.table, recipe.target.weights(inputs[0]), comps.V, comps.U)
+    faith = faithfulness(recipe.table, recipe.target.weights(frozen), comps.V, comps.U)
     p = schedule_value(cfg.p, recipe.train.steps, step)
-    lp, freq = importance_terms(ci.upper, p, cfg.eps, cfg.reference_token_count)
+    lp, freq = importance_terms(upper, p, cfg.eps, cfg.reference_token_count)
     total = cfg.faithfulness * faith + cfg.importance * lp
     metrics: Metrics = {"loss/faithfulness": faith, "loss/importance": lp, "p": p}
     if cfg.frequency > 0:
@@ -295,37 +299,57 @@ def direct_losses(
     return total, metrics
 
 
+def _diff(diff: Diff, term: PassTerm) -> Diff:
+    return diff if term.reads_sources else diff._replace(sources=None)
+
+
 def losses(
-    recipe: Recipe, diff: Diff, inputs: LossInputs, step_key: Key[Array, ""], step: Int[Array, ""]
+    recipe: Recipe,
+    diff: Diff,
+    ci: CI,
+    inp: PassInputs,
+    step_key: Key[Array, ""],
+    step: Int[Array, ""],
 ) -> tuple[Float[Array, ""], Metrics]:
     """The total loss given this step's CI and clean products, and every term under its own
     name (no gradient: what an evaluation logs)."""
-    total, metrics = direct_losses(recipe, diff, inputs, step)
-    for term in pass_terms(recipe, _pass_inputs(diff, inputs), step_key):
-        value = jnp.mean(loops.map_rows(partial(term.forward, diff), term.rows))
+    total, metrics = direct_losses(recipe, diff.comps, ci.upper, inp.frozen, step)
+    for term in pass_terms(recipe, inp, step_key):
+        value = jnp.mean(loops.map_rows(partial(term.forward, _diff(diff, term)), term.rows))
         total = total + term.coeff * value
         metrics[term.name] = value
-    metrics["ci_l0"] = ci_l0(diff[1].lower)
+    metrics["ci_l0"] = ci_l0(ci.lower)
     metrics["loss/total"] = total
     return total, metrics
 
 
 def loss_grads(
-    recipe: Recipe, diff: Diff, inputs: LossInputs, step_key: Key[Array, ""], step: Int[Array, ""]
-) -> tuple[Metrics, Diff]:
-    """`losses`' metrics and the total's gradient in `diff`. Each masked forward takes its
-    backward in its own loop iteration, into one running gradient (`loops.accumulate`): the
+    recipe: Recipe,
+    diff: Diff,
+    ci: CI,
+    inp: PassInputs,
+    step_key: Key[Array, ""],
+    step: Int[Array, ""],
+) -> tuple[Metrics, Diff, CI]:
+    """`losses`' metrics and the total's gradient: in `diff`, and in the CI (its lower
+    squashing's from `diff`, its upper's from the importance terms). Each masked forward takes
+    its backward in its own loop iteration, into one running gradient (`loops.accumulate`): the
     step holds one forward's activations and one gradient at a time."""
-    (total, metrics), grads = jax.value_and_grad(
-        lambda d: direct_losses(recipe, d, inputs, step), has_aux=True
-    )(diff)
-    for term in pass_terms(recipe, _pass_inputs(diff, inputs), step_key):
-        value, grads = loops.accumulate(term.forward, diff, term.rows, grads, term.coeff)
+    (total, metrics), (g_comps, g_upper) = jax.value_and_grad(
+        lambda c, u: direct_losses(recipe, c, u, inp.frozen, step), argnums=(0, 1), has_aux=True
+    )(diff.comps, ci.upper)
+    zeros = partial(jax.tree.map, jnp.zeros_like)
+    grads = Diff(g_comps, zeros(diff.lower), zeros(diff.inner))
+    for term in pass_terms(recipe, inp, step_key):
+        d = _diff(diff, term)
+        into = grads._replace(sources=zeros(d.sources))
+        value, grads = loops.accumulate(term.forward, d, term.rows, into, term.coeff)
         total = total + term.coeff * value
         metrics[term.name] = value
-    metrics["ci_l0"] = ci_l0(diff[1].lower)
+    metrics["ci_l0"] = ci_l0(ci.lower)
     metrics["loss/total"] = total
-    return metrics, grads
+    g_ci = CI(logits=zeros(ci.logits), lower=grads.lower, upper=g_upper)
+    return metrics, grads, g_ci
 
 
 def evaluate_batch(
@@ -335,9 +359,9 @@ def evaluate_batch(
     comps = state.components
     with loops.unroll(recipe.train.unroll), compute(recipe.train.compute_dtype):  # trace time
         ci, inp = recipe.pass_inputs(state.ci_params, comps, frozen, x)
-        inputs = (frozen, x, inp.clean, inp.taps)
-        diff = (comps, ci, state.sources, inp.products)
-        _, metrics = losses(recipe, diff, inputs, step_key, state.step)
+        inner = None if inp.products is None else inp.products.inner
+        diff = Diff(comps, ci.lower, inner, state.sources)
+        _, metrics = losses(recipe, diff, ci, inp, step_key, state.step)
         metrics |= monitors(recipe, inp)
     return metrics, ci
 
@@ -406,12 +430,13 @@ def step_fn(recipe: Recipe, mesh: Mesh | None = None) -> StepFn:
                 return ascend(sources, source_opt, g, source_lr, adv.beta1, adv.beta2, adv.eps)
 
             sources, source_opt = loops.repeat(adv.n_warmup, warmup_ascent, (sources, source_opt))
-        metrics, (g_comps, g_ci, g_sources, g_products) = loss_grads(
-            recipe, (comps, ci, sources, products), (frozen, x, clean, taps), step_key, state.step
-        )
+        inp = PassInputs(frozen, x, comps, ci.lower, clean, taps, products)
+        diff = Diff(comps, ci.lower, inner, sources)
+        metrics, grads, g_ci = loss_grads(recipe, diff, ci, inp, step_key, state.step)
+        g_comps, g_sources = grads.comps, grads.sources
         g_ci_params, g_inner = ci_vjp(g_ci)
-        if g_products is not None:
-            g_inner = jax.tree.map(jnp.add, g_inner, g_products.inner)
+        if grads.inner is not None:
+            g_inner = jax.tree.map(jnp.add, g_inner, grads.inner)
         if inner is not None:
             (g_V,) = inner_vjp(g_inner)
             g_comps = g_comps._replace(V=jax.tree.map(jnp.add, g_comps.V, g_V))
