@@ -92,7 +92,10 @@ class KindLayout:
 
 @dataclass(frozen=True)
 class ShapeGroup:
-    """All sites with equal `(d_in, d_out, C)`, stored stacked in canonical order."""
+    """All sites of one kind with equal `(d_in, d_out, C)`, stored stacked in canonical order.
+    (Two kinds never share a group, even of one shape: a layer scan then reads each kind's
+    stack as it is stored, where a shared group would be sliced into per-kind copies of the
+    parameters, the CI, the sources and their gradients in every pass.)"""
 
     d_in: int
     d_out: int
@@ -102,7 +105,7 @@ class ShapeGroup:
 
 @dataclass(frozen=True)
 class CGroup:
-    """All sites with equal C; persistent sources are stored stacked per C group."""
+    """All sites of one kind with equal C; persistent sources are stored stacked per C group."""
 
     C: int
     names: tuple[str, ...]
@@ -124,14 +127,14 @@ class SiteTable:
         names = [s.name for s in self.sites]
         if len(set(names)) != len(names):
             raise ValueError(f"site names must be unique, got {names}")
-        keys: dict[tuple[int, int, int], list[str]] = {}
+        keys: dict[tuple[str, int, int, int], list[str]] = {}
         for s in self.sites:
-            keys.setdefault((s.d_in, s.d_out, s.C), []).append(s.name)
-        groups = tuple(ShapeGroup(d, o, c, tuple(ns)) for (d, o, c), ns in keys.items())
-        by_c: dict[int, list[str]] = {}
+            keys.setdefault((s.kind, s.d_in, s.d_out, s.C), []).append(s.name)
+        groups = tuple(ShapeGroup(d, o, c, tuple(ns)) for (_, d, o, c), ns in keys.items())
+        by_c: dict[tuple[str, int], list[str]] = {}
         for s in self.sites:
-            by_c.setdefault(s.C, []).append(s.name)
-        c_groups = tuple(CGroup(c, tuple(ns)) for c, ns in by_c.items())
+            by_c.setdefault((s.kind, s.C), []).append(s.name)
+        c_groups = tuple(CGroup(c, tuple(ns)) for (_, c), ns in by_c.items())
         object.__setattr__(self, "groups", groups)
         object.__setattr__(self, "c_groups", c_groups)
         object.__setattr__(self, "_where", _slots(groups))

@@ -13,7 +13,9 @@ from pd.sites import SiteSpec, SiteTable
 
 
 def _table() -> SiteTable:
-    return SiteTable((SiteSpec("a", 3, 2, 4), SiteSpec("b", 2, 3, 5), SiteSpec("c", 3, 3, 4)))
+    """Kind `a` in layers 0 and 1 (one C group of two sites), kind `b` in layer 0."""
+    a0, a1 = SiteSpec("a.0", 3, 2, 4, 0, "a"), SiteSpec("a.1", 3, 2, 4, 1, "a")
+    return SiteTable((a0, SiteSpec("b.0", 2, 3, 5, 0, "b"), a1))
 
 
 def test_i1_sources_stacked_per_c_group_equal_the_unrolled_draws() -> None:

@@ -13,15 +13,17 @@ reassociate sums differently) becomes a 1e-3 difference in that element's update
 `θ₃ − θ₀` is compared in L2 to 1e-2 relative.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.typing import ArrayLike
 
 from pd.ci.squash import ALPHA
 from pd.init import key_tree
+from pd.sites import SiteTable
 from pd.targets.base import Batch, Target, as_toy
 from pd.targets.llama import KINDS, Llama
 from pd.train import load_config
@@ -74,7 +76,7 @@ def _trajectory(
     frozen_of: Callable[[Target], object],
     batch: Callable[[int], Batch],
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """`(recorded, initial CI parameters)` of three steps."""
+    """`(recorded, initial CI parameters)` of three steps; V, U and the sources per kind."""
     config = load_config(preset, overrides)
     recipe = make_recipe(config)
     frozen = jax.tree.map(jnp.asarray, frozen_of(recipe.target))
@@ -90,8 +92,59 @@ def _trajectory(
             out[f"step{s}/{k}"] = np.asarray(v)
         if s == 0:
             out.update(_leaves("step0_ci", state.ci_params))
-    out.update(_leaves("state", (state.components, state.ci_params, state.sources)))
+    out.update(_leaves("state[1]", state.ci_params))
+    table = recipe.table
+    comps = state.components
+    out.update(_per_kind(comps.V, comps.U, state.sources, (table.where, table.c_where), table))
     return out, init
+
+
+Where = Callable[[str], tuple[int, int]]  # a site's (group, slot) in stacked storage
+
+
+def _per_kind(
+    V: Sequence[ArrayLike],
+    U: Sequence[ArrayLike],
+    sources: Sequence[ArrayLike],
+    where: tuple[Where, Where],
+    table: SiteTable,
+) -> dict[str, np.ndarray]:
+    """`state/{V,U,sources}/{kind}`, each kind's sites stacked in canonical order, from storage
+    stacked per group (`where`: a site's slot in the shape groups and in the C groups)."""
+    fields = {"V": (V, where[0]), "U": (U, where[0]), "sources": (sources, where[1])}
+    out = {}
+    for kind in table.kinds:
+        names = [site.name for site in table.sites if site.kind == kind]
+        for field, (stacked, at) in fields.items():
+            if stacked:
+                rows = [np.asarray(stacked[g])[j] for g, j in map(at, names)]
+                out[f"state/{field}/{kind}"] = np.stack(rows)
+    return out
+
+
+def _golden(file: str, preset: str) -> dict[str, np.ndarray]:
+    """A recorded trajectory, its V, U and sources per kind. The recording stored them in the
+    layout of its day: one group per `(d_in, d_out, C)` and one source group per C, in
+    canonical site order, whatever the kinds."""
+    table = make_recipe(load_config(preset, [])).table
+    shape: dict[tuple[int, int, int], list[str]] = {}
+    by_c: dict[int, list[str]] = {}
+    for site in table.sites:
+        shape.setdefault((site.d_in, site.d_out, site.C), []).append(site.name)
+        by_c.setdefault(site.C, []).append(site.name)
+
+    def slots(groups: list[list[str]]) -> Where:
+        at = {n: (g, j) for g, names in enumerate(groups) for j, n in enumerate(names)}
+        return at.__getitem__
+
+    with np.load(f"{GOLDEN}/{file}") as z:
+        want = {k: z[k] for k in z.files}
+    stacked = {k: want.pop(k) for k in list(want) if k.startswith(("state[0]", "state[2]"))}
+    V = [stacked[f"state[0].V[{g}]"] for g in range(len(shape))]
+    U = [stacked[f"state[0].U[{g}]"] for g in range(len(shape))]
+    sources = [stacked[k] for c in range(len(by_c)) if (k := f"state[2][{c}]") in stacked]
+    where = slots(list(shape.values())), slots(list(by_c.values()))
+    return want | _per_kind(V, U, sources, where, table)
 
 
 def _leaves(prefix: str, tree: object) -> dict[str, np.ndarray]:
@@ -105,8 +158,7 @@ def _compare(
     recorded: tuple[dict[str, np.ndarray], dict[str, np.ndarray]], golden_file: str, n_pos: int
 ) -> None:
     got, init = recorded
-    with np.load(f"{GOLDEN}/{golden_file}") as z:
-        want = {k: z[k] for k in z.files}
+    want = _golden(golden_file, golden_file.removesuffix(".npz"))
     assert set(want) <= set(got)  # metrics added since (grad_norm) are not in the recording
     for key, ref in want.items():
         diff = got[key] - ref
@@ -174,8 +226,7 @@ def test_tiny_llama_bf16_step_stays_near_the_fp32_trajectory() -> None:
 
     bf16 = ["train.compute_dtype=bf16"]
     got, init = _trajectory("tiny_llama", bf16, _tiny_llama_frozen, _tiny_llama_batch)
-    with np.load(f"{GOLDEN}/tiny_llama.npz") as z:
-        want = {k: z[k] for k in z.files}
+    want = _golden("tiny_llama.npz", "tiny_llama")
     for key, ref in want.items():
         diff = got[key] - ref
         if "/ci_l0/" in key or key.startswith("step0_ci"):

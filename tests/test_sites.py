@@ -6,17 +6,25 @@ import pytest
 from pd.sites import SiteSpec, SiteTable
 
 
-def test_shape_groups_and_views() -> None:
-    table = SiteTable(
-        (SiteSpec("l0.in", 4, 2, 3), SiteSpec("l0.out", 2, 4, 3), SiteSpec("l1.in", 4, 2, 3))
+def test_shape_groups_are_per_kind_and_views() -> None:
+    """A group holds the sites of one kind with one shape, in canonical order; a kind of the
+    same shape (`gate` beside `in`) and the same C has groups of its own."""
+    sites = (
+        SiteSpec("l0.in", 4, 2, 3, 0, "in"),
+        SiteSpec("l0.gate", 4, 2, 3, 0, "gate"),
+        SiteSpec("l0.out", 2, 4, 3, 0, "out"),
+        SiteSpec("l1.in", 4, 2, 3, 1, "in"),
     )
-    assert [g.names for g in table.groups] == [("l0.in", "l1.in"), ("l0.out",)]
+    table = SiteTable(sites)
+    assert [g.names for g in table.groups] == [("l0.in", "l1.in"), ("l0.gate",), ("l0.out",)]
+    assert [g.names for g in table.c_groups] == [g.names for g in table.groups]
     assert table.where("l1.in") == (0, 1)
-    assert table.group_indices(0) == (0, 2)
-    stacked = (jnp.arange(2 * 4 * 2).reshape(2, 4, 2), jnp.zeros((1, 2, 4)))
+    assert table.group_indices(0) == (0, 3)
+    stacked = (jnp.arange(2 * 4 * 2).reshape(2, 4, 2), jnp.ones((1, 4, 2)), jnp.zeros((1, 2, 4)))
     views = table.views(stacked)
-    assert list(views) == ["l0.in", "l0.out", "l1.in"]
+    assert list(views) == ["l0.in", "l0.gate", "l0.out", "l1.in"]
     assert bool(jnp.all(views["l1.in"] == stacked[0][1]))
+    assert table.by_kind(stacked, "in") is stacked[0]  # a kind's layer stack is its group
 
 
 def test_bad_sites_are_refused() -> None:

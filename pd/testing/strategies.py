@@ -50,7 +50,7 @@ def site_tables(
     Cs: Sequence[int] = CS,
 ) -> st.SearchStrategy[SiteTable]:
     """Valid `SiteTable`s: 1 to `max_kinds` kinds `k0, k1, …`, each of one shape
-    `(d_in, d_out, C)` from `dims` and `Cs` (kinds may share a shape, hence a shape group) with
+    `(d_in, d_out, C)` from `dims` and `Cs` (kinds may share a shape, not a shape group) with
     a site `{kind}.{layer}` in each of a non-empty set of layers below 1 to `max_layers`; sites
     in canonical order (layer ascending, then kind); `depth` explicit or 0 (implied)."""
 
