@@ -16,7 +16,8 @@ Scope = Literal["c", "bc", "sc", "bsc"]
 Sources = tuple[Float[Array, "_n ... _Cp1"], ...]
 
 
-# S15's Adam state: optax's, with fp32 moments whatever the sources' storage dtype (S22).
+# S15's Adam state: optax's, with fp32 moments whatever the sources' storage dtype (S22), the
+# first one in `train.moment_dtype`.
 SourceAdam = optax.ScaleByAdamState
 
 
@@ -46,9 +47,11 @@ def init_sources(
     return tuple(out)
 
 
-def init_source_adam(sources: Sources) -> SourceAdam:
-    """Zero fp32 moments (distinct buffers: the step donates its state) and a zero count."""
-    state = optax.scale_by_adam().init(tuple(s.astype(jnp.float32) for s in sources))
+def init_source_adam(sources: Sources, mu_dtype: DTypeLike = jnp.float32) -> SourceAdam:
+    """Zero moments (distinct buffers: the step donates its state), the first in `mu_dtype`, the
+    second in fp32, and a zero count."""
+    adam = optax.scale_by_adam(mu_dtype=mu_dtype)
+    state = adam.init(tuple(s.astype(jnp.float32) for s in sources))
     assert isinstance(state, optax.ScaleByAdamState)
     return state
 
@@ -65,7 +68,9 @@ def ascend(
     """S15: one Adam ascent step, `lr · m̂ / (sqrt(v̂) + eps)` (optax's `scale_by_adam`, eps
     after the sqrt), then the projection onto [0, 1]."""
     g32 = tuple(g.astype(jnp.float32) for g in grads)  # bf16 gradients: moment dtype first
-    direction, new_state = optax.scale_by_adam(b1=b1, b2=b2, eps=eps).update(g32, state)
+    mu_dtype = jax.tree.leaves(state.mu)[0].dtype if sources else None  # keeps its dtype
+    adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype)
+    direction, new_state = adam.update(g32, state)
     assert isinstance(direction, tuple) and isinstance(new_state, optax.ScaleByAdamState)
     # Per C group: optax's projection takes scalar bounds only for a leaf, not for a tuple.
     new = tuple(

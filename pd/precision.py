@@ -17,6 +17,10 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, BFloat16, Float
 
 ComputeDtype = Literal["fp32", "bf16"]
+DTYPES: dict[ComputeDtype, jnp.dtype] = {
+    "fp32": jnp.dtype(jnp.float32),
+    "bf16": jnp.dtype(jnp.bfloat16),
+}
 
 _dtype: list[ComputeDtype] = ["fp32"]
 

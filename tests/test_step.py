@@ -379,3 +379,40 @@ def test_passes_reuse_the_clean_products_at_sites_with_a_clean_input(
     monkeypatch.setattr(Recipe, "products", lambda self, taps, inner: None)
     for a, b in zip(reused, three_steps(), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_moment_dtype_keeps_first_moments_in_bf16_and_the_rest_float32() -> None:
+    """`train.moment_dtype = "bf16"`: every first Adam moment (components, CI function, sources)
+    is bfloat16 and stays so through a step; masters, second moments and counts keep their
+    dtypes; the step moves the components as the fp32-moment step does, within bf16 rounding of
+    the first moment (its update is `lr · m̂ / (√v̂ + eps)`, about `lr` per element at step 1)."""
+    overrides = ["train.batch=64", "train.faith_warmup_steps=0", "loss.adversary.coeff=1"]
+    assert load_config("tms_5-2", []).train.moment_dtype == "fp32"
+    states = []
+    for dtype in ("fp32", "bf16"):
+        recipe = make_recipe(load_config("tms_5-2", [*overrides, f"train.moment_dtype={dtype}"]))
+        toy = as_toy(recipe.target)
+        frozen = toy.expand(toy.init_train(jax.random.key(0)))
+        init_key, src_key, run_key = key_tree(0)
+        state = init_train_state(recipe, init_key, src_key)
+        for _ in range(2):
+            state, _ = make_train_step(recipe)(state, frozen, toy.sample(run_key, 64), run_key)
+        states.append(state)
+    fp32, bf16 = states
+
+    def dtypes(tree: object, part: str) -> set[np.dtype]:
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {leaf.dtype for path, leaf in leaves if f".{part}" in jax.tree_util.keystr(path)}
+
+    for opt in (bf16.opt_components, bf16.opt_ci, bf16.source_opt):
+        assert dtypes(opt, "mu") == {np.dtype("bfloat16")}
+        assert dtypes(opt, "nu") == {np.dtype("float32")}
+    assert bf16.sources and dtypes(fp32.source_opt, "mu") == {np.dtype("float32")}
+    masters = (bf16.components, bf16.ci_params, bf16.sources)
+    assert {leaf.dtype for leaf in jax.tree.leaves(masters)} == {np.dtype("float32")}
+    lr = recipe.train.lr.start
+    for a, b in zip(
+        jax.tree.leaves(fp32.components), jax.tree.leaves(bf16.components), strict=True
+    ):
+        assert not np.array_equal(np.asarray(a), np.asarray(b))  # the rounding is real
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=lr * 2e-2)

@@ -114,6 +114,10 @@ class TrainConfig(Validated):
     # "bf16": the step's matmuls on bfloat16-rounded operands with float32 accumulation;
     # parameters, optimizer state and losses stay float32 (pd/precision.py). Default fp32 (N3).
     compute_dtype: ComputeDtype = "fp32"
+    # "bf16": the first Adam moment of the components, the CI function and the sources is kept
+    # in bfloat16 (a quarter less optimizer memory); the second moment stays float32, since a
+    # bf16 value cannot take its per-step change of 1 − β2 = 0.001 (the moment would stall).
+    moment_dtype: ComputeDtype = "fp32"
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -12,6 +12,7 @@ from pd.adversary import Sources, init_source_adam, init_sources, scope_shape
 from pd.ci import PerSiteCI
 from pd.ci.chunkwise import ChunkwiseCI
 from pd.init import init_ci_fn, init_vu
+from pd.precision import DTYPES
 from pd.shard import source_shardings, vu_shardings
 from pd.shard.ci import chunk_param_shardings, per_site_param_shardings
 from pd.shard.state import train_state_shardings
@@ -41,7 +42,7 @@ def initial_state(recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, 
         opt_components=component_optimizer(recipe.train).init(comps),
         opt_ci=ci_optimizer(recipe.train).init(ci_params),
         sources=sources,
-        source_opt=init_source_adam(sources),
+        source_opt=init_source_adam(sources, DTYPES[recipe.train.moment_dtype]),
     )
 
 
