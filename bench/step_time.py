@@ -3,6 +3,7 @@
     python bench/step_time.py [PRESET ...] [--batch N] [--set key=value ...]
     (default presets: tms_5-2 resid_mlp1 tiny_llama)
     python bench/step_time.py PRESET --random-target [--peak-tflops T] [--set key=value ...]
+    python bench/step_time.py PRESET --count-flops [--set key=value ...]
 
 Prints a table; the median of 5 timed windows of 50 steps each is the ms/step. `--batch`
 overrides `train.batch` (samples/s counts examples, not tokens). Steps are taken as a run
@@ -207,10 +208,14 @@ def main() -> None:
     parser.add_argument(
         "--peak-tflops", type=float, default=0.0, help="the MFU's peak (default: see above)"
     )
-    parser.add_argument("--count-flops", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--count-flops",
+        action="store_true",
+        help="print only the step's FLOPs (CPU-compiled, every loop unrolled) as JSON",
+    )
     args = parser.parse_args()
     overrides = [*args.overrides, *([f"train.batch={args.batch}"] if args.batch else [])]
-    if args.count_flops:  # the subprocess of `counted_flops`
+    if args.count_flops:  # (also the subprocess of `counted_flops`)
         print(json.dumps({"flops": step_flops(args.presets[0], overrides)}))
         return
     if args.random_target:
