@@ -32,8 +32,9 @@ class CompileTimes:
         row[stage] += seconds
         row["compiles"] += stage == "compile_s"
 
-    def table(self, min_total_s: float = 0.05) -> str:
-        """A console table, slowest first; functions under `min_total_s` are only counted."""
+    def table(self, min_total_s: float = 0.05, written: str = "compile.json") -> str:
+        """A console table, slowest first; functions under `min_total_s` are only counted (and
+        found in the file `written`, where one is; "" when nothing is written)."""
         rows = sorted(self.by_name.items(), key=lambda kv: -_seconds(kv[1]))
         shown = [(n, r) for n, r in rows if _seconds(r) >= min_total_s]
         width = max([len(n) for n, _ in shown] + [8])
@@ -43,7 +44,8 @@ class CompileTimes:
                 f"{name:<{width}}  {r['trace_s']:8.2f} {r['lower_s']:8.2f} {r['compile_s']:9.2f}"
             )
         if len(rows) > len(shown):
-            lines.append(f"({len(rows) - len(shown)} more under {min_total_s} s in compile.json)")
+            where = f" in {written}" if written else ""
+            lines.append(f"({len(rows) - len(shown)} more under {min_total_s} s{where})")
         return "\n".join(lines)
 
     def write(self, path: Path) -> None:

@@ -416,7 +416,12 @@ def test_a_signal_during_training_saves_a_checkpoint_and_resume_finishes_the_run
     assert last.endswith("--overwrite --resume"), last
     assert (old / "summary.json").read_text() == '{"kept": 1}'
     assert sorted(p.name for p in tmp_path.iterdir()) == [".run.partial", "run"]
-    done = subprocess.run([*argv, "--resume"], capture_output=True, text=True, timeout=600)
+    # The printed command, pasted into a shell whose PATH has no virtual environment on it.
+    command = last.split("continue it with: ", 1)[1]
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        ["/bin/sh", "-c", command], capture_output=True, text=True, timeout=600, env=env
+    )
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     rows = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()]

@@ -5,7 +5,9 @@ anything is compiled; numpy inputs work as jax ones do."""
 import hashlib
 import json
 import re
+import shlex
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +33,8 @@ TINY = [
     "target.train_batch=256",
 ]
 SITES = "linear1, linear2"  # tms_5-2's, C = 20 each
+
+PYTHON = re.escape(shlex.quote(sys.executable))  # the resume commands' interpreter
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +182,7 @@ def test_load_a_partial_folder(run_dir: Path, tmp_path: Path, name: str) -> None
         FileNotFoundError,
         rf"run folder '{re.escape(str(partial))}' has not finished \(checkpoint at step 10, no "
         r"decomposition\.npz\), expected a finished run folder: continue it with "
-        rf"`python -m pd\.train CONFIG --out {re.escape(str(finished))} --resume`",
+        rf"`{PYTHON} -m pd\.train CONFIG --out {re.escape(str(finished))} --resume`",
     ):
         pd.load(partial)
 
@@ -191,7 +195,7 @@ def test_load_a_run_folder_whose_run_has_not_finished(run_dir: Path, tmp_path: P
         rf"run folder '{re.escape(str(folder))}' has not finished \(its run is in "
         rf"'{re.escape(str(partial_dir(folder)))}', "
         r"checkpoint at step 10, no decomposition\.npz\), expected a finished run folder: "
-        rf"continue it with `python -m pd\.train CONFIG --out {re.escape(str(folder))} --resume`",
+        rf"continue it with `{PYTHON} -m pd\.train CONFIG --out {re.escape(str(folder))} --resume`",
     ):
         pd.load(folder)
     shutil.rmtree(partial_dir(folder) / "checkpoints")

@@ -403,6 +403,11 @@ def test_compile_only_lowers_init_and_step_on_abstract_inputs() -> None:
     assert flops["train_step"] > 0
     for name in ("init_train_state", "train_step"):
         assert times.by_name[name]["compile_s"] > 0.0, name
+    # What `--compile-only` prints: a function under the threshold is counted, and no file it
+    # does not write is named.
+    table = times.table(min_total_s=1e9, written="")
+    assert "more under 1000000000.0 s)" in table and "compile.json" not in table
+    assert "in compile.json)" in times.table(min_total_s=1e9)
 
 
 def test_a_mesh_that_does_not_divide_stops_before_compiling() -> None:

@@ -219,7 +219,14 @@ def haiku_target(
     divergence: Divergence = "mse",
 ) -> HaikuTarget:
     """A Target decomposing the linear modules of `fn` (`find_linears`) whose parameter paths
-    match a pattern of `sites` (pattern → C; the first matching pattern gives C)."""
+    match a pattern of `sites` (pattern → C; the first matching pattern gives C).
+
+    `fn` is the model's forward as a plain function of one batch, as written for
+    `hk.transform` (untransformed); `params` are its trained parameters (`hk.transform(fn)
+    .init`'s tree); `x` is one example batch of its inputs, an array `[B, ...]` of the dtype
+    the run's batches have: `fn` is traced on it to find the linear modules, and each is checked
+    on it for being linear in its own weight. `divergence` compares the decomposed and the
+    original outputs: "mse" or "kl" (the outputs are logits)."""
     found = find_linears(fn, params, x)
     chosen = []
     for path, lin in found.items():

@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             again = " ".join([*map(shlex.quote, sys.argv[1:] if argv is None else argv)])
             kept = (
                 f"the run is kept in {partial_dir(out)} (checkpoint at step {steps[-1]}); "
-                f"continue it with: python -m pd.train {again.replace(' --resume', '')} --resume"
+                f"continue it with: {shlex.quote(sys.executable)} -m pd.train "
+                f"{again.replace(' --resume', '')} --resume"
             )
         else:
             kept = f"no run folder was written ({out} is as it was)"
@@ -170,7 +171,7 @@ def _compile_only(config: RunConfig) -> int:
     from pd.train.compile_only import compile_only
 
     times, flops = compile_only(config)
-    print(times.table())
+    print(times.table(written=""))  # (compiling only writes nothing)
     for name, value in flops.items():
         tflop = value / 1e12
         print(f"{name}: {tflop:.3f} TFLOP per device (XLA cost analysis, loop bodies once)")

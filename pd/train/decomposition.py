@@ -2,6 +2,8 @@
 run folder (`load`, exported as `pd.load`)."""
 
 import json
+import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -251,7 +253,8 @@ def _check_finished(run_dir: Path) -> None:
     where = "" if partial == run_dir else f"its run is in '{partial}', "
     kept = f"checkpoint at step {steps[-1]}" if steps else "no checkpoint yet"
     how = (
-        f"continue it with `python -m pd.train CONFIG --out {finished} --resume` (the config "
+        f"continue it with `{shlex.quote(sys.executable)} -m pd.train CONFIG --out {finished} "
+        "--resume` (the config "
         "and --set overrides it was started with)"
         if steps
         else "run it again, or wait for it if it is still running"
