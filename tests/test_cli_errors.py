@@ -151,7 +151,7 @@ def test_existing_run_folder_is_refused_and_kept(
     assert (run_dir / "summary.json").read_text() == "{}"
 
 
-@pytest.mark.parametrize("name", ["..", "", ".", "a/b", "../up"])
+@pytest.mark.parametrize("name", ["..", "", ".", "a/b", "../up", " a", "a  b"])
 def test_run_names_that_are_not_one_folder_name_are_refused(
     name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -136,3 +136,12 @@ def test_a_missing_value_and_an_unknown_key_are_one_sentence() -> None:
         load_config("tms_5-2", ["loss.recon=[{coeff=1}]"])
     with pytest.raises(ConfigError, match=r"'target.kind' is 'x', expected one of 'tms'"):
         load_config("tms_5-2", ['target.kind="x"'])
+
+
+def test_a_run_name_may_hold_single_spaces_as_a_run_folder_may() -> None:
+    """`--set name='my run'` is taken as `--out 'runs/my run'` is; spaces at either end or two in
+    a row are refused, with what is expected."""
+    assert load_config("tms_5-2", ["name='my run 2'"]).name == "my run 2"
+    for bad in (" lead", "trail ", "two  spaces"):
+        with pytest.raises(ConfigError, match="single spaces inside"):
+            RunConfig(name=bad)

@@ -216,14 +216,18 @@ class RunConfig(Validated):
                 raise FieldError(key, size, f"a multiple of mesh.data = {ways} ({why})")
 
 
-_RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_RUN_NAME = re.compile(r"[A-Za-z0-9._-]+( [A-Za-z0-9._-]+)*")
 
 
 def check_name(name: str) -> None:
-    """A run name is one path component (it names a folder under runs/): letters, digits and
-    `._-`, and not `.` or `..`."""
+    """A run name is one path component (it names a folder under runs/): letters, digits,
+    `._-` and single spaces between them (as `--out` takes a folder with spaces), and not `.`
+    or `..`."""
     if not _RUN_NAME.fullmatch(name) or name in (".", ".."):
-        want = "one folder name of letters, digits, '.', '_' and '-' (not '.' or '..')"
+        want = (
+            "one folder name of letters, digits, '.', '_', '-' and single spaces inside "
+            "(not '.' or '..')"
+        )
         raise FieldError("name", name, want)
 
 
