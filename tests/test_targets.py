@@ -109,3 +109,15 @@ def test_resid_mlp_resumed_from_the_clean_embedding_equals_the_whole_masked_forw
         strict=True,
     ):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+
+
+def test_a_target_pd_did_not_train_says_where_it_came_from() -> None:
+    """The run's log line "target ready (…)" for a caller's target names it as given, not as a
+    training attempt with a loss of nan."""
+    from pd.testing import tiny_target
+    from pd.train.kinds import own_kind
+
+    own = tiny_target()
+    trained = own_kind(own).load_frozen(own.target)
+    assert trained.describe() == "given in Python" and trained.params is own.frozen
+    assert "nan" not in trained.describe()

@@ -179,7 +179,7 @@ def load_llama(cfg: LlamaConfig, target: Target) -> TrainedTarget:
     if cfg.checkpoint:
         load = load_gguf if is_gguf(cfg.checkpoint) else load_hf
         _, params = load(checkpoint_path(cfg))
-        return TrainedTarget(params, 0, float("nan"), from_cache=True)
+        return TrainedTarget.of(params, f"loaded from {cfg.checkpoint}")
     # Which sites are decomposed (and how the step checkpoints) does not change the model: leave
     # them out of the cache key. What the model is trained on does: the key holds the token
     # file's contents, not only its path.

@@ -39,8 +39,16 @@ class TrainedTarget:
     attempt: int  # which derived seed was kept: key = fold_in(key(seed), attempt)
     loss: float
     from_cache: bool
+    given: str = ""  # where parameters pd did not train came from; "" when pd trained them
+
+    @classmethod
+    def of(cls, params: hk.Params, given: str) -> "TrainedTarget":
+        """Parameters pd did not train (a checkpoint file, the caller's own)."""
+        return cls(params, 0, float("nan"), from_cache=False, given=given)
 
     def describe(self) -> str:
+        if self.given:
+            return self.given
         return f"attempt {self.attempt}, loss {self.loss:.3g}, cached {self.from_cache}"
 
 

@@ -150,7 +150,7 @@ def own_kind(own: OwnTarget) -> TargetKind:
         build=lambda C: own.target,
         seq_len=own.seq_len,
         check_inputs=partial(_check_jittable, own),
-        load_frozen=lambda target: TrainedTarget(own.frozen, 0, float("nan"), from_cache=True),
+        load_frozen=lambda target: TrainedTarget.of(own.frozen, "given in Python"),
         batches=lambda seed, batch, target, run_key: own.batches,
         eval_batches=lambda seed, batch, target, run_key: evaluation,
         evaluate=partial(evaluate_masks, known=own.known),
