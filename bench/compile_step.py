@@ -5,9 +5,7 @@ request's `jit_step` attribution, reproduced on CPU. Nothing is allocated.
     python bench/compile_step.py [--layers 4,8,32] [--count-flops-at 4]
 
 The step scans one layer body over layer-stacked weights, so its compile should not grow with
-depth; the unrolled step it replaced is not kept (it would be a second implementation of every
-pass): its figures, measured with this benchmark at the commit before the scan, are in the
-README.
+depth (`docs/performance.md`, "Compile time and FLOPs").
 
 FLOPs are XLA's cost analysis of the compiled program, per device. XLA counts a `while` loop's
 body once and a conditional as its most expensive branch, so the `TFLOP/dev` column of the

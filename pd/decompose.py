@@ -80,7 +80,7 @@ class CleanProducts(NamedTuple):
     the target taps its sites' outputs (`pd.sites.output_tap`; else None). The passes reuse them
     at sites whose input is clean, so the loss gradients of every pass and of the CI function
     reach V through one product `xᵀ ∂inner` a step, and no pass repeats the clean `x @ W`
-    (README, "Where a toy step's time goes")."""
+    (`docs/design.md`, "Clean products")."""
 
     inner: tuple[Float[Array, "_n ... _C"], ...]
     frozen: tuple[Float[Array, "_n ... _d_out"], ...] | None

@@ -67,7 +67,7 @@ def to_bf16(x: Float[Array, "*s"]) -> BFloat16[Array, "*s"]:
     """`x.astype(bfloat16)` for a float32 `x`, bit for bit (round to nearest even, NaNs
     included), written as integer operations: XLA's CPU backend emits a lone float32-to-bfloat16
     `convert` as a tiled loop through stack buffers, and this one as an ordinary elementwise
-    loop, about twice as fast (README, "bf16 on this CPU")."""
+    loop, about twice as fast (`docs/performance.md`)."""
     bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
     rounded = bits + 0x7FFF + ((bits >> 16) & 1)
     quiet_nan = (bits & jnp.uint32(0xFF800000)) | 0x400000  # its sign kept, as XLA's convert
@@ -85,7 +85,7 @@ Residuals = tuple[BFloat16[Array, "..."], BFloat16[Array, "k n"]]
 def _transposed(x: Float[Array, "m k"]) -> BFloat16[Array, "k m"]:
     """`x.T` rounded to bfloat16 in memory: the barrier keeps XLA from folding the transpose
     into the dot that reads it. Rounded from the float32 `x` in the same pass, not copied from
-    its rounded twin: that copy made the ResidMLP-1 bf16 step 1.05× slower (README, "Speed")."""
+    its rounded twin: that copy made the ResidMLP-1 bf16 step 1.05× slower."""
     return _barrier(_rounded(x.T))
 
 

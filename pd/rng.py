@@ -6,8 +6,8 @@ On a CPU it lowers that hash as a loop of five trips, to keep compiles short, wi
 amounts carried through the loop: about 9 ns per element on a 2-core machine, against 2.5 ns
 with the rounds unrolled and constant rotations, as here. On accelerators JAX's own lowering is
 already unrolled, so other backends draw with JAX. A TMS 5-2 step (four `[B, 21]` sources and
-its batch) took 0.79× the time at batch 1024 and 0.82× at 4096 (`bench/draws.py`; README,
-"Where a toy step's time goes"). The keys still come from `jax.random.fold_in` and `split`.
+its batch) took 0.79× the time at batch 1024 and 0.82× at 4096 (`bench/draws.py`;
+`docs/performance.md`). The keys still come from `jax.random.fold_in` and `split`.
 """
 
 import math

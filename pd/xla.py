@@ -3,18 +3,18 @@
 On a CPU, XLA asks LLVM for 256-bit vectors by default. pd's step programs ask for 512: the
 toy presets' steps were 3–12 % faster (tiny_llama's about 5 %) with the same steps to float32
 rounding (`tests/test_step.py`), on AVX-512 and, with `xla_cpu_max_isa = "AVX2"` (where a
-512-bit vector is two 256-bit ones), on AVX2 code too. README, "Where a toy step's time goes".
+512-bit vector is two 256-bit ones), on AVX2 code too (`docs/performance.md`).
 
 XLA also hands reductions to YNNPACK by default. The per-subcomponent CI networks (`mlp`,
 `vector_mlp`) sum `[B, C, hidden]` arrays over the hidden units and, for their weight
 gradients, over the batch, and YNNPACK's fused reductions took 3–8× longer there than XLA's own
 loops, so programs with those CI functions keep YNNPACK for dots only. Other programs keep the
-default, which was faster for them (`tiny_llama`: 71 against 81–86 ms a step). README, "Where a
-toy step's time goes"; `bench/profile_step.py`.
+default, which was faster for them (`tiny_llama`: 71 against 81–86 ms a step;
+`docs/performance.md`, `bench/profile_step.py`).
 
 The initializer runs once, so on a CPU it is compiled with LLVM's O1 pipeline instead of the
 default O2, which took about half of its compile and which a program run once does not repay:
-the same state, made about as fast (README, "Speed").
+the same state, made about as fast (`docs/performance.md`, "Start-up").
 """
 
 import inspect

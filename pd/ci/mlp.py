@@ -37,8 +37,7 @@ def _input_layer(x: Float[Array, "N k"], w: Float[Array, "k n"]) -> Float[Array,
     Under plain autodiff XLA's CPU backend contracts the batch with both operands transposed
     and picks the wide `∂out` (`[N, C · hidden]`) as the one to transpose, a slow dot; `xᵀ` is
     `k` rows, a cheap copy, after which the dot takes row-major operands. The default TMS
-    recipe's step took 0.83× the time, `tms_40-10`'s 0.81× (README, "Where a toy step's time
-    goes")."""
+    recipe's step took 0.83× the time, `tms_40-10`'s 0.81× (`docs/performance.md`)."""
     return x @ w
 
 
@@ -66,7 +65,7 @@ def gelu_out(h: Float[Array, "*L C H"], w: Float[Array, "C H"]) -> Float[Array, 
     The gradient recomputes the GELU from `h`, once for `∂h` and once for `∂w`, behind
     `optimization_barrier`s. Plain autodiff lets XLA share one `erf` between the forward and
     both, which on a CPU writes and re-reads more `[*L, C, H]` arrays than recomputing costs:
-    the TMS step took 0.91× the time, ResidMLP's 0.90× (README, "Where a toy step's time goes").
+    the TMS step took 0.91× the time, ResidMLP's 0.90× (`docs/performance.md`).
     """
     return jnp.sum(gelu(h) * w, axis=-1)
 

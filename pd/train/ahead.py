@@ -4,10 +4,10 @@ programs and initializing the state, while the main thread trains or loads the t
 None of these reads the target's values (a toy's step compiles for the shapes its training
 will give, `pd.targets.train.trained_shapes`), and an XLA compile releases the GIL, so where
 the machine has a core free the cold start shrinks toward the longest of them instead of their
-sum (README, "Speed"). jax keeps the program that `fn.trace(args).lower().compile()` made for
-`fn`'s later calls whose arguments have the same shapes, dtypes and placements, so the training
-loop finds its programs compiled. A compile that fails here is left to the loop's own call,
-which raises it where a run without this would.
+sum (`docs/performance.md`, "Start-up"). jax keeps the program that
+`fn.trace(args).lower().compile()` made for `fn`'s later calls whose arguments have the same
+shapes, dtypes and placements, so the training loop finds its programs compiled. A compile
+that fails here is left to the loop's own call, which raises it where a run without this would.
 """
 
 import logging

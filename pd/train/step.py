@@ -540,7 +540,7 @@ def steps_fn(recipe: Recipe, sample: Sampler) -> StepsFn:
 def make_train_steps(recipe: Recipe, sample: Sampler) -> StepsFn:
     """One jitted `steps_fn`: a run whose batches a step can draw (a toy's, or a caller's
     jittable ones) takes the steps between two logged steps as one call, with no host round
-    trip per step (README, "Where a toy step's time goes")."""
+    trip per step (`docs/performance.md`)."""
     steps: StepsFn = jax.jit(
         steps_fn(recipe, sample),
         donate_argnums=0,
