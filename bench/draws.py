@@ -23,8 +23,9 @@ from pd.targets.base import as_toy
 from pd.train.config import load_config
 from pd.train.init_state import init_train_state
 from pd.train.kinds import kind_of
+from pd.train.objective import Metrics
 from pd.train.run import make_recipe
-from pd.train.step import Metrics, ToySampler, steps_fn
+from pd.train.step import ToySampler, steps_fn
 from pd.xla import compiler_options
 
 Steps = Callable[..., tuple[TrainState, Metrics]]

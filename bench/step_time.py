@@ -41,8 +41,9 @@ from pd.targets.llama import Llama
 from pd.train.config import RunConfig, load_config
 from pd.train.init_state import init_train_state
 from pd.train.kinds import kind_of
+from pd.train.objective import Metrics
 from pd.train.run import make_batches, make_recipe
-from pd.train.step import Metrics, make_train_step, make_train_steps
+from pd.train.step import make_train_step, make_train_steps
 
 
 def measure(

@@ -24,10 +24,11 @@ from hypothesis import strategies as st
 from pd.state import TrainState
 from pd.train import RunResult, load_config, run
 from pd.train.config import ConfigError
+from pd.train.objective import Metrics
 from pd.train.resume import CheckpointDamaged, CheckpointMismatch, Checkpoints, damage
 from pd.train.rundir import CHECKPOINTS, SEAL, checkpoint_steps, partial_dir
 from pd.train.signals import Terminated
-from pd.train.step import Metrics, StepFn, StepsFn
+from pd.train.step import StepFn, StepsFn
 
 Out = tuple[TrainState, Metrics]
 

@@ -28,8 +28,9 @@ from pd.targets.base import Batch, Target, as_toy
 from pd.targets.llama import KINDS, Llama
 from pd.train import load_config
 from pd.train.init_state import init_train_state
+from pd.train.objective import flat_metrics
 from pd.train.run import make_recipe
-from pd.train.step import flat_metrics, make_train_step
+from pd.train.step import make_train_step
 
 GOLDEN = "tests/golden"
 

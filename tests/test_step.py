@@ -19,11 +19,11 @@ from pd.state import Components
 from pd.targets.base import as_toy
 from pd.train import load_config
 from pd.train.init_state import init_train_state
+from pd.train.objective import evaluate_batch
 from pd.train.optim import ci_optimizer, clip_global_norm, component_optimizer
 from pd.train.run import make_recipe
 from pd.train.step import (
     ToySampler,
-    evaluate_batch,
     faith_warmup,
     make_monitor_step,
     make_sampler,
@@ -353,7 +353,8 @@ def test_passes_reuse_the_clean_products_at_sites_with_a_clean_input(
     its identity site (linear1, hidden.0, linear2), every reconstruction plan, the adversary and
     the CI-masked term give the states and metrics of the same steps with no reuse, to float32
     rounding: reusing a product at a site whose input is not clean would show."""
-    from pd.train.step import Recipe, step_fn
+    from pd.train.objective import Recipe
+    from pd.train.step import step_fn
 
     recon = "[{plan='all'}, {plan='per_site'}, {plan='chunks', k=2}, {plan='subset'}]"
     overrides = ["ci_fn=mlp", "train.batch=64", "train.faith_warmup_steps=0", f"loss.recon={recon}"]

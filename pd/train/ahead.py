@@ -26,7 +26,8 @@ from jaxtyping import PyTree
 from pd.state import TrainState
 from pd.targets.base import Batch
 from pd.train.init_state import abstract_state, init_train_state, state_shardings
-from pd.train.step import Recipe, Sampler, make_monitor_step, make_train_step, make_train_steps
+from pd.train.objective import Recipe
+from pd.train.step import Sampler, make_monitor_step, make_train_step, make_train_steps
 
 log = logging.getLogger(__name__)
 shape_dtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct  # unannotated upstream

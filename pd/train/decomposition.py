@@ -26,9 +26,9 @@ from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig, from_dict
 from pd.train.evaluate import EVAL_FOLD, KnownAnswer
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
+from pd.train.objective import Recipe
 from pd.train.recipe import make_batches, make_recipe
 from pd.train.rundir import CHECKPOINTS, checkpoint_steps, partial_dir
-from pd.train.step import Recipe
 
 typechecked = jaxtyped(typechecker=beartype)  # the shapes of public signatures, at call time
 # Inputs and masks may be jax or numpy arrays (converted with jnp.asarray). A mask's axes are

@@ -16,7 +16,7 @@ from pd.sites import SiteTable
 from pd.state import Components, TrainState
 from pd.targets.base import Batch, ToyTarget, as_toy
 from pd.train.config import EvalConfig
-from pd.train.step import CI_ACTIVE, Metrics, Recipe, ci_program, evaluate_batch, flat_metrics
+from pd.train.objective import CI_ACTIVE, Metrics, Recipe, ci_program, evaluate_batch, flat_metrics
 from pd.xla import compiler_options, one_per_value
 
 ALIVE_THRESHOLD = CI_ACTIVE  # alive: CI above 0.1 on some evaluation sample (SPEC §13)

@@ -20,7 +20,7 @@ from pd.train.evaluate import (
     known_answer_metrics,
     site_max,
 )
-from pd.train.step import Metrics, Recipe, ci_l0
+from pd.train.objective import Metrics, Recipe, ci_l0
 from pd.xla import compiler_options, one_per_value
 
 Tokens = Int[Array, "B T"]

@@ -17,8 +17,8 @@ from pd.shard import source_shardings, vu_shardings
 from pd.shard.ci import chunk_param_shardings, per_site_param_shardings
 from pd.shard.state import train_state_shardings
 from pd.state import TrainState
+from pd.train.objective import Recipe
 from pd.train.optim import ci_optimizer, component_optimizer
-from pd.train.step import Recipe
 from pd.xla import init_options, one_per_value
 
 

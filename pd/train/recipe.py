@@ -9,7 +9,7 @@ from pd.ci.chunkwise import chunkwise_ci
 from pd.targets.llama import Llama
 from pd.train.config import ConfigError, RunConfig
 from pd.train.kinds import Batches, TargetKind, kind_of, placed
-from pd.train.step import Recipe
+from pd.train.objective import Recipe
 
 
 def make_recipe(config: RunConfig, kind: TargetKind | None = None) -> Recipe:

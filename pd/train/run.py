@@ -34,6 +34,7 @@ from pd.train.decomposition import Decomposition
 from pd.train.evaluate import figure_batch
 from pd.train.init_state import abstract_state, init_train_state, state_shardings
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
+from pd.train.objective import Recipe, flat_metrics
 from pd.train.recipe import make_batches, make_recipe
 from pd.train.resume import Checkpoints
 from pd.train.rundir import (
@@ -48,10 +49,8 @@ from pd.train.rundir import (
 from pd.train.signals import Pending, deferred
 from pd.train.sinks import MetricSinks, check_wandb_login
 from pd.train.step import (
-    Recipe,
     Sampler,
     faith_warmup,
-    flat_metrics,
     make_monitor_step,
     make_train_step,
     make_train_steps,

@@ -21,9 +21,9 @@ from pd.targets.base import Batch
 from pd.targets.configs import TargetConfig
 from pd.targets.train import TrainedTarget
 from pd.train.evaluate import figure_batch
+from pd.train.objective import flat_metrics
 from pd.train.recipe import make_batches
 from pd.train.sinks import MetricSinks
-from pd.train.step import flat_metrics
 from pd.train.sweep.programs import MEMBERS, SHARED, Group, Programs, stacked_keys
 
 log = logging.getLogger(__name__)

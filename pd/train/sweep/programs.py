@@ -22,16 +22,9 @@ from pd.train.ahead import compile_for, shape_dtype
 from pd.train.config import ConfigError, RunConfig
 from pd.train.init_state import initial_state
 from pd.train.kinds import TargetKind, kind_of
+from pd.train.objective import Metrics, Recipe, state_monitors
 from pd.train.recipe import make_recipe
-from pd.train.step import (
-    Metrics,
-    Recipe,
-    Sampler,
-    faith_warmup,
-    state_monitors,
-    step_fn,
-    steps_fn,
-)
+from pd.train.step import Sampler, faith_warmup, step_fn, steps_fn
 from pd.train.sweep.spec import Member, SweepSpec
 from pd.xla import compiler_options, init_options
 
