@@ -16,8 +16,8 @@ Scope = Literal["c", "bc", "sc", "bsc"]
 Sources = tuple[Float[Array, "_n ... _Cp1"], ...]
 
 
-# S15's Adam state: optax's, with fp32 moments whatever the sources' storage dtype (S22), the
-# first one in `train.moment_dtype`.
+# S15's Adam state: optax's; whatever the sources' storage dtype (S22) its second moment is
+# fp32 and its first is in `train.moment_dtype` (fp32 unless set).
 SourceAdam = optax.ScaleByAdamState
 
 
