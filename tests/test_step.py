@@ -15,11 +15,11 @@ from pd.ci import PerSiteCI
 from pd.ci.mlp import PerSiteCIKind, site_ci_transform
 from pd.init import init_ci_fn, init_vu, key_tree
 from pd.losses import faithfulness
-from pd.state import Components
+from pd.state import Components, TrainState
 from pd.targets.base import as_toy
 from pd.train import load_config
 from pd.train.init_state import init_train_state
-from pd.train.objective import evaluate_batch
+from pd.train.objective import Metrics, evaluate_batch
 from pd.train.optim import ci_optimizer, clip_global_norm, component_optimizer
 from pd.train.run import make_recipe
 from pd.train.step import (
@@ -237,15 +237,9 @@ def test_bf16_compute_rounds_matmul_operands_and_keeps_float32_state_and_losses(
         np.testing.assert_array_equal(np.asarray(precision.matmul(a, b)), np.asarray(a @ b))
 
     assert load_config("tms_5-2", []).train.compute_dtype == "fp32"
-    overrides = ["train.batch=64", "train.faith_warmup_steps=0"]
     states, rows = [], []
     for dtype in ("fp32", "bf16"):
-        recipe = make_recipe(load_config("tms_5-2", [*overrides, f"train.compute_dtype={dtype}"]))
-        toy = as_toy(recipe.target)
-        frozen = toy.expand(toy.init_train(jax.random.key(0)))
-        init_key, src_key, run_key = key_tree(0)
-        state = init_train_state(recipe, init_key, src_key)
-        state, metrics = make_train_step(recipe)(state, frozen, toy.sample(run_key, 64), run_key)
+        state, metrics = _tms_steps([f"train.compute_dtype={dtype}"], 1)
         states.append(state)
         rows.append(metrics)
     assert {leaf.dtype for leaf in jax.tree.leaves(states[1]) if leaf.ndim} == {np.dtype("float32")}
@@ -387,19 +381,11 @@ def test_bf16_moment_dtype_keeps_first_moments_in_bf16_and_the_rest_float32() ->
     is bfloat16 and stays so through a step; masters, second moments and counts keep their
     dtypes; the step moves the components as the fp32-moment step does, within bf16 rounding of
     the first moment (its update is `lr · m̂ / (√v̂ + eps)`, about `lr` per element at step 1)."""
-    overrides = ["train.batch=64", "train.faith_warmup_steps=0", "loss.adversary.coeff=1"]
     assert load_config("tms_5-2", []).train.moment_dtype == "fp32"
-    states = []
-    for dtype in ("fp32", "bf16"):
-        recipe = make_recipe(load_config("tms_5-2", [*overrides, f"train.moment_dtype={dtype}"]))
-        toy = as_toy(recipe.target)
-        frozen = toy.expand(toy.init_train(jax.random.key(0)))
-        init_key, src_key, run_key = key_tree(0)
-        state = init_train_state(recipe, init_key, src_key)
-        for _ in range(2):
-            state, _ = make_train_step(recipe)(state, frozen, toy.sample(run_key, 64), run_key)
-        states.append(state)
-    fp32, bf16 = states
+    adversary = "loss.adversary.coeff=1"
+    fp32, bf16 = (
+        _tms_steps([adversary, f"train.moment_dtype={d}"], 2)[0] for d in ("fp32", "bf16")
+    )
 
     def dtypes(tree: object, part: str) -> set[np.dtype]:
         leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -411,9 +397,25 @@ def test_bf16_moment_dtype_keeps_first_moments_in_bf16_and_the_rest_float32() ->
     assert bf16.sources and dtypes(fp32.source_opt, "mu") == {np.dtype("float32")}
     masters = (bf16.components, bf16.ci_params, bf16.sources)
     assert {leaf.dtype for leaf in jax.tree.leaves(masters)} == {np.dtype("float32")}
-    lr = recipe.train.lr.start
+    lr = load_config("tms_5-2", []).train.lr.start
     for a, b in zip(
         jax.tree.leaves(fp32.components), jax.tree.leaves(bf16.components), strict=True
     ):
         assert not np.array_equal(np.asarray(a), np.asarray(b))  # the rounding is real
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=lr * 2e-2)
+
+
+def _tms_steps(overrides: list[str], n: int) -> tuple[TrainState, Metrics]:
+    """`n` steps of `tms_5-2` (batch 64, no faithfulness warmup) from seed 0 with `overrides`,
+    and the last step's metrics."""
+    recipe = make_recipe(
+        load_config("tms_5-2", ["train.batch=64", "train.faith_warmup_steps=0", *overrides])
+    )
+    toy = as_toy(recipe.target)
+    frozen = toy.expand(toy.init_train(jax.random.key(0)))
+    init_key, src_key, run_key = key_tree(0)
+    state = init_train_state(recipe, init_key, src_key)
+    step = make_train_step(recipe)
+    for _ in range(n):
+        state, metrics = step(state, frozen, toy.sample(run_key, 64), run_key)
+    return state, metrics
