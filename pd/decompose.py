@@ -93,12 +93,35 @@ SiteHook = Callable[
 ]
 
 
+class SiteGrads(NamedTuple):
+    """The running gradient of one kind's differentiated `LayerSites` fields, stacked per layer
+    like them: zero in a layer without a site of the kind (where `by_kind` repeats a slot)."""
+
+    V: Float[Array, "n_layers d_in C"]
+    U: Float[Array, "n_layers C d_out"]
+    ci_lower: Float[Array, "n_layers *L C"]
+    source: Float[Array, "n_layers *S Cp1"] | None
+    inner: Float[Array, "n_layers *L C"] | None
+
+    @staticmethod
+    def of(sites: LayerSites, like: "SiteGrads") -> "SiteGrads":
+        """The fields of `sites` that `like` holds a gradient of."""
+        inner = None if like.inner is None or sites.products is None else sites.products[0]
+        source = None if like.source is None else sites.source
+        return SiteGrads(sites.V, sites.U, sites.ci_lower, source, inner)
+
+
 class Sites(NamedTuple):
     """What a target's forward runs its sites with: the hook and, per decomposed kind, the
-    stacked `LayerSites` it scans over. A kind absent from `layers` runs `x @ W`."""
+    stacked `LayerSites` it scans over. A kind absent from `layers` runs `x @ W`.
+
+    `into`, where given, is the running gradient of a loop over passes (`pd.loops.accumulate`
+    with `adds_into`): a target whose layer scan is `pd.loops.scan_adding` adds its sites'
+    gradients into it in place; a target that ignores it must not be given it."""
 
     hook: SiteHook
     layers: dict[str, LayerSites]
+    into: dict[str, SiteGrads] | None = None
 
 
 def frozen_hook(
@@ -228,6 +251,41 @@ def layer_sites(
             products=None if products is None else _products_of(table, products, kind),
         )
     return out
+
+
+def layer_grads(
+    table: SiteTable,
+    V: tuple[Float[Array, "_n _d_in _C"], ...],
+    U: tuple[Float[Array, "_n _C _d_out"], ...],
+    ci_lower: tuple[Float[Array, "_n ... _C"], ...],
+    sources: tuple[Float[Array, "_n ... _Cp1"], ...] | None,
+    inner: tuple[Float[Array, "_n ... _C"], ...] | None,
+) -> dict[str, SiteGrads]:
+    """A running gradient in per-group storage, laid out per kind and layer as `layer_sites`
+    lays out the fields it is the gradient of: zero in the layers without a site of the kind,
+    so that the slot `by_kind` repeats there goes back to storage once."""
+    out = {}
+    for kind in table.kinds:
+        out[kind] = SiteGrads(
+            _present_rows(table, V, kind),
+            _present_rows(table, U, kind),
+            _present_rows(table, ci_lower, kind),
+            None if sources is None else _present_rows(table, sources, kind, c_groups=True),
+            None if inner is None else _present_rows(table, inner, kind),
+        )
+    return out
+
+
+def _present_rows(
+    table: SiteTable, stacked: tuple[Float[Array, "_n ..."], ...], kind: str, c_groups: bool = False
+) -> Float[Array, "n_layers ..."]:
+    """`table.by_kind(stacked, kind)`, zero in the layers without a site of the kind."""
+    a = table.by_kind(stacked, kind, c_groups)
+    present = table.layout(kind).present
+    if all(present):
+        return a
+    keep = jnp.asarray(present).reshape(-1, *([1] * (a.ndim - 1)))
+    return jnp.where(keep, a, jnp.zeros_like(a))
 
 
 def _products_of(

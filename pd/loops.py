@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 Carry = TypeVar("Carry")
 P = TypeVar("P")
@@ -70,22 +70,104 @@ def repeat(n: int, f: Callable[[Carry], Carry], init: Carry) -> Carry:
 
 
 def accumulate(
-    f: Callable[[P, X], Float[Array, ""]], params: P, rows: X, into: P, scale: float
+    f: Callable[[P, X, P | None], Float[Array, ""]],
+    params: P,
+    rows: X,
+    into: P,
+    scale: float,
+    adds_into: bool = False,
 ) -> tuple[Float[Array, ""], P]:
-    """`(mean_j f(params, rows[j]), into + scale · ∇ mean_j f)`, one row at a time.
+    """`(mean_j f(params, rows[j], ·), into + scale · ∇ mean_j f)`, one row at a time.
 
     Each row's backward runs in the row's own iteration and the loop carries the one running
     gradient `into`, so a step holds one row's residuals (a masked forward's activations) and
     one gradient at a time, never every row's; nothing a row computes from `params` alone (a
     layer's gathered weights) is hoisted out of the loop and kept for all of them.
+
+    `f`'s third argument is None, or with `adds_into` the running gradient itself: `f` then
+    hands every leaf of it to `scan_adding`, whose backward adds the row's gradient into it in
+    place, and the row's gradient never exists as a buffer of its own.
     """
     n = jax.tree.leaves(rows)[0].shape[0]
 
     def body(grads: P, row: X) -> tuple[P, Float[Array, ""]]:
-        value, grad = jax.value_and_grad(f)(params, row)
-        return jax.tree.map(lambda a, g: a + g * (scale / n), grads, grad), value
+        if not adds_into:
+            value, grad = jax.value_and_grad(lambda p: f(p, row, None))(params)
+            return jax.tree.map(lambda a, g: a + g * (scale / n), grads, grad), value
+
+        def scaled(p: P, acc: P) -> tuple[Float[Array, ""], Float[Array, ""]]:
+            value = f(p, row, acc)
+            return value * (scale / n), value
+
+        (_, value), (grad, added) = jax.value_and_grad(scaled, (0, 1), has_aux=True)(params, grads)
+        return jax.tree.map(jnp.add, added, grad), value
 
     # (The values leave as rows, not in the carry: a carry made here would not vary like the
     # parameters where they vary, over a sweep's members.)
     grads, values = scan(body, into, rows)
     return jnp.mean(values), grads
+
+
+G = TypeVar("G")
+
+
+def scan_adding(
+    body: Callable[[Carry, X], Carry], init: Carry, xs: X, into: G, pick: Callable[[X], G]
+) -> Carry:
+    """`scan(body, init, xs)`'s last carry, for a loop whose backward runs inside `accumulate`
+    with `adds_into`: the backward recomputes each iteration from its input carry (as
+    `jax.checkpoint` of the body would) and adds the cotangents of `pick(xs)` row by row into
+    `into` (its rows aligned with those of `xs`), in place.
+
+    The derivative it reports is that sum, `into + ∂/∂pick(xs)`, for `into`, and none for `xs`:
+    not the derivative of the function, which ignores `into`, but the running gradient that
+    `accumulate` carries on with.
+    """
+    out: Carry = _scan_adding(body, pick, init, xs, into)
+    return out
+
+
+def _scan_adding_impl(
+    body: Callable[[Carry, X], Carry], pick: Callable[[X], G], init: Carry, xs: X, into: G
+) -> Carry:
+    del pick, into
+    last: Carry = scan(lambda c, x: (body(c, x), None), init, xs)[0]
+    return last
+
+
+def _scan_adding_fwd(
+    body: Callable[[Carry, X], Carry], pick: Callable[[X], G], init: Carry, xs: X, into: G
+) -> tuple[Carry, tuple[Carry, X, G]]:
+    """The forward, keeping each iteration's input carry."""
+    del pick
+    last, inputs = scan(lambda c, x: (body(c, x), c), init, xs)
+    return last, (inputs, xs, into)
+
+
+def _scan_adding_bwd(
+    body: Callable[[Carry, X], Carry],
+    pick: Callable[[X], G],
+    saved: tuple[Carry, X, G],
+    ct: Carry,
+) -> tuple[Carry, None, G]:
+    """The backward, last iteration first: each recomputes its body's vjp from its input carry
+    and adds its `pick(xs)` cotangents into row i of the running gradient."""
+    inputs, xs, into = saved
+
+    def back(
+        carry: tuple[Carry, G], row: tuple[Int[Array, ""], Carry, X]
+    ) -> tuple[tuple[Carry, G], None]:
+        ct_c, acc = carry
+        i, c, x = row
+        ct_prev, ct_x = jax.vjp(body, c, x)[1](ct_c)
+        acc = jax.tree.map(lambda a, g: a.at[i].add(g.astype(a.dtype)), acc, pick(ct_x))
+        return (ct_prev, acc), None
+
+    n = jax.tree.leaves(inputs)[0].shape[0]
+    rows = (jnp.arange(n), inputs, xs)
+    (ct_init, acc), _ = jax.lax.scan(back, (ct, into), rows, reverse=True, unroll=_unroll[-1])
+    return ct_init, None, acc
+
+
+_scan_adding = jax.custom_vjp(_scan_adding_impl, nondiff_argnums=(0, 1))
+_scan_adding.defvjp(_scan_adding_fwd, _scan_adding_bwd)

@@ -408,3 +408,31 @@ def test_a_mesh_that_does_not_divide_stops_before_compiling() -> None:
     config = load_config("tiny_llama", [*TINY_LM, "target.d_mlp=30", "mesh.data=4"])
     with pytest.raises(ShardingError, match=r"axis 'd_in' of size 30 does not divide"):
         state_shardings(make_recipe(config), make_mesh({"data": 4, "model": 1}))
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [[], ["target.n_layers=4", "target.layers=[1, 3]"]],
+    ids=["every layer", "layers 1 and 3 of 4"],
+)
+def test_the_layer_scan_adding_into_the_running_gradient_takes_the_same_steps(
+    layers: list[str],
+) -> None:
+    """With `remat = "full"` each masked pass's backward adds into the running gradient in place
+    (`pd.loops.scan_adding`): two steps (every pass kind: the chunk plan, the adversarial term
+    with a warmup ascent) equal those of the plain backward (`remat = "none"`), with a model
+    decomposed in every layer and in some, where layers without sites lie inside the scan."""
+    common = [*layers, "loss.adversary.coeff=0.5", "loss.adversary.n_warmup=1"]
+    states = []
+    for remat in ("none", "full"):
+        _, recipe, frozen, state, x, run_key = _state_and_batch([*common, f"target.remat={remat}"])
+        assert recipe.target.adds_into == (remat == "full")
+        step = make_train_step(recipe)
+        for _ in range(2):
+            state, _ = step(state, frozen, x, run_key)
+        states.append(jax.device_get(state))
+    plain, adding = states
+    for (path, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(plain), jax.tree.leaves(adding), strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8, err_msg=jax.tree_util.keystr(path))

@@ -34,6 +34,11 @@ class TargetBase:
     def divergence(self) -> Divergence:
         return "mse"
 
+    @property
+    def adds_into(self) -> bool:
+        """Whether `resume` takes `sites.into` (see `Target.adds_into`)."""
+        return False
+
     def apply(self, params: hk.Params, x: Batch, sites: Sites) -> tuple[Output, Taps]:
         raise NotImplementedError
 
@@ -67,6 +72,12 @@ class Target(Protocol):
     @property
     def divergence(self) -> Divergence:
         """The output divergence D(masked, clean) of SPEC §5."""
+        ...
+
+    @property
+    def adds_into(self) -> bool:
+        """Whether `resume`'s backward adds its sites' gradients into `sites.into`, a running
+        gradient, in place (`pd.loops.scan_adding`); a target that says no is never given one."""
         ...
 
     def forward(self, params: hk.Params, x: Batch, sites: Sites) -> Output: ...

@@ -33,7 +33,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Key
 
 from pd import loops
-from pd.decompose import FROZEN, LayerSites, Sites, apply_site
+from pd.decompose import FROZEN, LayerSites, SiteGrads, Sites, apply_site
 from pd.precision import matmul
 from pd.rope import rope, rope_tables
 from pd.shard import gathered, stored
@@ -42,8 +42,10 @@ from pd.targets.base import Divergence, FrozenAxes, FrozenShapes, LayerTaps, Tap
 
 # How the layer body is checkpointed. "dots": the backward keeps the outputs of the layer's
 # matmuls (projections and the decomposed path) and recomputes norms, RoPE and attention's
-# batched dots; "full": it keeps only each layer's input and recomputes the layer; "none": it
-# keeps everything (fastest for a small model, whose activations are small).
+# batched dots; "full": it keeps only each layer's input and recomputes the layer (in a step's
+# masked passes the layer scan's own backward does so, adding each layer's gradient into the
+# running gradient of the passes: `Llama.adds_into`); "none": it keeps everything (fastest for
+# a small model, whose activations are small).
 Remat = Literal["dots", "full", "none"]
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -178,6 +180,13 @@ class Llama(TargetBase):
     def divergence(self) -> Divergence:
         return "kl"
 
+    @property
+    def adds_into(self) -> bool:
+        """With `remat = "full"` the backward recomputes each layer from its input anyway, so the
+        layer scan's own backward (`pd.loops.scan_adding`) does it, adding into the running
+        gradient."""
+        return self.remat == "full"
+
     def init(self, key: Key[Array, ""]) -> hk.Params:
         """Small fp32 init for training in-process: matrices N(0, 0.02²), norm weights 1."""
         params: hk.Params = self._net.init(key, jnp.zeros((1, 1), jnp.int32), FROZEN)
@@ -263,8 +272,17 @@ class Llama(TargetBase):
             return h_mid + proj("down", x_down), {"resid": h, **taps}
 
         xs = _stored_layers(*jax.tree.map(lambda a: a[start:], (stacked, sites.layers)))
-        h, taps = loops.scan(checkpointed(layer, self.remat), h, xs)
-        taps["resid"] = jnp.concatenate([taps["resid"], h[None]])
+        if sites.into is None:
+            h, taps = loops.scan(checkpointed(layer, self.remat), h, xs)
+            taps["resid"] = jnp.concatenate([taps["resid"], h[None]])
+        else:  # a pass inside `loops.accumulate`: the backward adds into the running gradient
+            into = jax.tree.map(lambda a: a[start:], sites.into)
+
+            def picked(xs: tuple[dict[str, Array], dict[str, LayerSites]]) -> dict[str, SiteGrads]:
+                return {k: SiteGrads.of(s, into[k]) for k, s in xs[1].items()}
+
+            h = loops.scan_adding(lambda h, x: layer(h, x)[0], h, xs, into, picked)
+            taps = {}
         h = rms_norm(h, final_norm, a.rms_eps)
         # Vocabulary-parallel on a mesh: every device reads the whole batch's final stream (a
         # small gather) and computes the logits of its own slice of the vocabulary, so the head

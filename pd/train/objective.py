@@ -25,9 +25,11 @@ from pd.decompose import (
     Draw,
     LayerSites,
     Persistent,
+    SiteGrads,
     Sites,
     SourceMode,
     decomposed_hook,
+    layer_grads,
     layer_sites,
 )
 from pd.losses import (
@@ -124,14 +126,25 @@ class Recipe:
         return kl(masked, clean) if self.target.divergence == "kl" else mse(masked, clean)
 
     def all_live_output(
-        self, inp: PassInputs, mode: SourceMode, sources: Sources | None = None
+        self,
+        inp: PassInputs,
+        mode: SourceMode,
+        sources: Sources | None = None,
+        into: "Diff | None" = None,
     ) -> Output:
         """The output with every site live and routed everywhere, S1 masks from `mode`."""
         comps = inp.comps
         sites = layer_sites(
             self.table, comps.V, comps.U, inp.ci_lower, sources, products=inp.products
         )
-        return self.forward(inp, Sites(decomposed_hook(mode), sites))
+        return self.forward(inp, Sites(decomposed_hook(mode), sites, self.into(into)))
+
+    def into(self, grads: "Diff | None") -> dict[str, SiteGrads] | None:
+        """A pass's running gradient as its sites lay it out (`Sites.into`)."""
+        if grads is None:
+            return None
+        V, U = grads.comps
+        return layer_grads(self.table, V, U, grads.lower, grads.sources, grads.inner)
 
 
 CIProgram = Callable[[GroupParams, Components, hk.Params, Batch], tuple[CI, Output]]
@@ -159,6 +172,9 @@ class Diff(NamedTuple):
 
 
 Row = tuple[Int[Array, " n"], Int[Array, " n"]]  # (plan entry, mask draw) per masked forward
+# One masked forward's divergence: of `Diff`, at a row `(plan entry, mask draw)`, given the
+# running gradient where the target adds into it (`Sites.into`), else None.
+PassForward = Callable[[Diff, tuple[Int[Array, ""], Int[Array, ""]], Diff | None], Float[Array, ""]]
 
 
 @dataclass(frozen=True)
@@ -168,7 +184,7 @@ class PassTerm:
 
     name: str
     coeff: float
-    forward: Callable[[Diff, tuple[Int[Array, ""], Int[Array, ""]]], Float[Array, ""]]
+    forward: PassForward
     rows: Row
     reads_sources: bool = False
 
@@ -198,7 +214,9 @@ def stochastic_recon(
     n_draws = recipe.loss.n_mask_samples
     rows = np.arange(len(entries) * n_draws)
 
-    def forward(diff: Diff, row: tuple[Int[Array, ""], Int[Array, ""]]) -> Float[Array, ""]:
+    def forward(
+        diff: Diff, row: tuple[Int[Array, ""], Int[Array, ""]], into: Diff | None
+    ) -> Float[Array, ""]:
         j, d = row
         src_key, route_key = jax.random.split(jax.random.fold_in(jax.random.fold_in(key, j), d))
         routes = uniform_k_routing(route_key, leading, width, plan.n_live[j]) if routed else None
@@ -211,7 +229,8 @@ def stochastic_recon(
         here = with_diff(inp, diff)
         base = layer_sites(table, here.comps.V, here.comps.U, here.ci_lower, products=here.products)
         sites = {kind: entry(s, kind) for kind, s in base.items()}
-        out = recipe.forward(here, Sites(decomposed_hook(Draw(src_key), routes), sites))
+        hook = decomposed_hook(Draw(src_key), routes)
+        out = recipe.forward(here, Sites(hook, sites, recipe.into(into)))
         return recipe.divergence(out, inp.clean)
 
     row_arrays = (jnp.asarray(rows // n_draws), jnp.asarray(rows % n_draws))
@@ -231,28 +250,35 @@ def pass_terms(recipe: Recipe, inp: PassInputs, step_key: Key[Array, ""]) -> lis
         masked = PassTerm(
             "loss/ci_masked",
             cfg.ci_masked,
-            lambda d, _: monitor(recipe, with_diff(inp, d), 0.0),
+            lambda d, _, into: monitor(recipe, with_diff(inp, d), 0.0, into),
             one,
         )
         terms.append(masked)
     if cfg.adversary.coeff > 0:
 
-        def adversarial(d: Diff, _: tuple[Int[Array, ""], Int[Array, ""]]) -> Float[Array, ""]:
+        def adversarial(
+            d: Diff, _: tuple[Int[Array, ""], Int[Array, ""]], into: Diff | None
+        ) -> Float[Array, ""]:
             assert d.sources is not None
-            return adversarial_recon(recipe, with_diff(inp, d), d.sources)
+            return adversarial_recon(recipe, with_diff(inp, d), d.sources, into)
 
         terms.append(PassTerm("loss/adversarial", cfg.adversary.coeff, adversarial, one, True))
     return terms
 
 
-def adversarial_recon(recipe: Recipe, inp: PassInputs, sources: Sources) -> Float[Array, ""]:
+def adversarial_recon(
+    recipe: Recipe, inp: PassInputs, sources: Sources, into: Diff | None = None
+) -> Float[Array, ""]:
     """S12: masks from the persistent sources, broadcast over their scope."""
-    return recipe.divergence(recipe.all_live_output(inp, Persistent(), sources), inp.clean)
+    out = recipe.all_live_output(inp, Persistent(), sources, into)
+    return recipe.divergence(out, inp.clean)
 
 
-def monitor(recipe: Recipe, inp: PassInputs, source: float) -> Float[Array, ""]:
+def monitor(
+    recipe: Recipe, inp: PassInputs, source: float, into: Diff | None = None
+) -> Float[Array, ""]:
     """A constant source and no delta channel: 0 is CI-masked, 1 is unmasked (SPEC §5)."""
-    return recipe.divergence(recipe.all_live_output(inp, Constant(source)), inp.clean)
+    return recipe.divergence(recipe.all_live_output(inp, Constant(source), None, into), inp.clean)
 
 
 def ci_l0(lower: CILower) -> Float[Array, " n_sites"]:
@@ -294,6 +320,12 @@ def direct_losses(
     return total, metrics
 
 
+def _no_into(
+    forward: PassForward, diff: Diff, row: tuple[Int[Array, ""], Int[Array, ""]]
+) -> Float[Array, ""]:
+    return forward(diff, row, None)
+
+
 def _diff(diff: Diff, term: PassTerm) -> Diff:
     return diff if term.reads_sources else diff._replace(sources=None)
 
@@ -310,7 +342,8 @@ def losses(
     name (no gradient: what an evaluation logs)."""
     total, metrics = direct_losses(recipe, diff.comps, ci.upper, inp.frozen, step)
     for term in pass_terms(recipe, inp, step_key):
-        value = jnp.mean(loops.map_rows(partial(term.forward, _diff(diff, term)), term.rows))
+        d = _diff(diff, term)
+        value = jnp.mean(loops.map_rows(partial(_no_into, term.forward, d), term.rows))
         total = total + term.coeff * value
         metrics[term.name] = value
     metrics["ci_l0"] = ci_l0(ci.lower)
@@ -338,7 +371,9 @@ def loss_grads(
     for term in pass_terms(recipe, inp, step_key):
         d = _diff(diff, term)
         into = grads._replace(sources=zeros(d.sources))
-        value, grads = loops.accumulate(term.forward, d, term.rows, into, term.coeff)
+        value, grads = loops.accumulate(
+            term.forward, d, term.rows, into, term.coeff, recipe.target.adds_into
+        )
         total = total + term.coeff * value
         metrics[term.name] = value
     metrics["ci_l0"] = ci_l0(ci.lower)
