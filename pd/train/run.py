@@ -34,6 +34,7 @@ from pd.train.decomposition import Decomposition
 from pd.train.evaluate import figure_batch
 from pd.train.init_state import abstract_state, init_train_state, state_shardings
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
+from pd.train.loop import Stepper, divergence, metric_sinks, write_config
 from pd.train.objective import Recipe, flat_metrics
 from pd.train.recipe import make_batches, make_recipe
 from pd.train.resume import Checkpoints
@@ -107,16 +108,12 @@ _CALL_SECONDS = 0.25  # a multi-step call's length: about how long a stop waits 
 def _train(
     recipe: Recipe,
     state: TrainState,
-    frozen: hk.Params,
-    batches: Callable[[int], Batch],
-    run_key: jax.Array,
-    shardings: TrainState | None,
+    stepper: Stepper,
     checkpoints: Checkpoints,
     sinks: MetricSinks,
     evaluation: Evaluation,
     run_dir: Path,
     pending: Pending,
-    sample: Sampler | None = None,
 ) -> TrainState:
     """The loop from `state.step`: one `device_get` per logged step, sent to `sinks`; the
     evaluation and figures every `train.eval_every` steps; a checkpoint every
@@ -124,43 +121,30 @@ def _train(
     reports a stop (Ctrl-C or SIGTERM, `pd.train.signals`), the loop saves a checkpoint of
     where it is and raises it: one call is in flight at a time, so a stop waits for that one.
 
-    With `sample` (batches drawn inside the step program: toys, a caller's jittable ones), each
-    call of `make_train_steps` takes the steps up to the next one that is logged, evaluated or
-    checkpointed, at most about `_CALL_SECONDS` of them at the pace measured so far, and also
-    returns the monitors (SPEC §5) of its last step; otherwise one call a step (the next batch
-    drawn while it runs), and the monitors, which are not trained, only on logged steps, by
-    `make_monitor_step` on that step's batch.
+    Where the step program draws its batches (toys, a caller's jittable ones), a call takes the
+    steps up to the next one that is logged, evaluated or checkpointed, at most about
+    `_CALL_SECONDS` of them at the pace measured so far (`pd.train.loop.Stepper`).
     """
     cfg = recipe.train
-    train_step = None if sample is not None else make_train_step(recipe, shardings)
-    train_steps = None if sample is None else make_train_steps(recipe, sample)
-    monitor_step = None if sample is not None else make_monitor_step(recipe)
     every = cfg.checkpoint_every or cfg.steps
     first = saved = int(state.step)  # a resumed state is its checkpoint's
-    batch = batches(first) if train_steps is None and first < cfg.steps else None
     per_call = 1
     while first < cfg.steps and pending() is None:
         t0 = time.perf_counter()
-        if train_steps is None:
-            assert train_step is not None and batch is not None
-            step = first  # the last step of this call
-            state, metrics = train_step(state, frozen, batch, run_key)
-            batch = batches(step + 1) if step + 1 < cfg.steps else None
-        else:  # up to the next step logged, evaluated or checkpointed after, or fewer
-            step = min(sinks.next_logged(first), (first // every + 1) * every - 1)
-            step = min(step, first + per_call - 1)
-            n = jnp.asarray(step - first + 1, jnp.int32)
-            state, metrics = train_steps(state, frozen, run_key, n)
+        # Up to the next step logged, evaluated or checkpointed after, or fewer.
+        boundary = min(sinks.next_logged(first), (first // every + 1) * every - 1)
+        step = stepper.last_of_call(first, min(boundary, first + per_call - 1))
+        state, metrics = stepper.take(state, first, step)
         jax.tree.map(lambda a: a.block_until_ready(), metrics)  # one call in flight
         seconds = (time.perf_counter() - t0) / (step - first + 1)
         per_call = max(1, min(2 * (step - first + 1), int(_CALL_SECONDS / seconds)))
         # The last step's evaluation is the run's own, after the loop.
         evaluate = sinks.should_eval(step) and step < cfg.steps - 1
         if sinks.should_log(step) or evaluate:
-            if monitor_step is not None:
-                metrics |= monitor_step(state, frozen, batches(step))
+            metrics = stepper.with_monitors(metrics, state, step)
             row = flat_metrics(recipe.table, jax.device_get(metrics))
-            _check_row(step, row)
+            if (diverged := divergence(step, row)) is not None:
+                raise Diverged(diverged)
             if evaluate:
                 row |= {f"eval/{k}": v for k, v in evaluation(state, run_dir).items()}
             sinks.log(step, row)
@@ -177,18 +161,6 @@ def _stop_if(pending: Pending) -> None:
     """Raise the stop a signal requested while it was deferred."""
     if (stop := pending()) is not None:
         raise stop
-
-
-def _check_row(step: int, row: dict[str, float]) -> None:
-    """Refuse a logged row with a NaN or an infinity: no summary, nothing that looks like a
-    result."""
-    bad = [k for k, v in row.items() if not math.isfinite(v)]
-    if bad:
-        others = f" (and {len(bad) - 1} more terms)" if len(bad) > 1 else ""
-        raise Diverged(
-            f"training diverged at step {step}: {bad[0]} is {row[bad[0]]}{others}, expected "
-            "finite values (lower the learning rate)"
-        )
 
 
 def _save(checkpoints: Checkpoints, step: int, state: TrainState) -> int:
@@ -266,8 +238,7 @@ def run(
         _check_finite(trained.params)
         try:
             with staged(run_dir, overwrite, resume) as tmp_dir:
-                config_json = json.dumps(dataclasses.asdict(config), indent=2, allow_nan=False)
-                (tmp_dir / "config.json").write_text(config_json)
+                write_config(tmp_dir, config)
                 frozen = trained.params
                 if mesh is not None:
                     frozen = jax.device_put(frozen, frozen_shardings(recipe.target, frozen, mesh))
@@ -294,35 +265,14 @@ def run(
                     for leaf in jax.tree.leaves(state):
                         leaf.block_until_ready()
                     ahead.wait()
-                    t = config.train
+                    stepper = _stepper(recipe, config, frozen, run_key, shardings, batches, sample)
                     with (
-                        MetricSinks(
-                            tmp_dir,
-                            t.steps,
-                            log_every=t.log_every,
-                            eval_every=t.eval_every,
-                            start_step=int(state.step),
-                            tensorboard=t.tensorboard,
-                            wandb=t.wandb,
-                            run_name=config.name,
-                            config=dataclasses.asdict(config),
-                        ) as sinks,
+                        metric_sinks(tmp_dir, config, int(state.step)) as sinks,
                         deferred() as pending,
                         checkpoints,  # closed before the signals are handled again
                     ):  # nor a step, nor a checkpoint's write
                         state = _train(
-                            recipe,
-                            state,
-                            frozen,
-                            batches,
-                            run_key,
-                            shardings,
-                            checkpoints,
-                            sinks,
-                            evaluation,
-                            tmp_dir,
-                            pending,
-                            sample,
+                            recipe, state, stepper, checkpoints, sinks, evaluation, tmp_dir, pending
                         )
                     _stop_if(pending)
                 summary = write_results(tmp_dir, state, trained, evaluation, t0)
@@ -335,6 +285,24 @@ def run(
             last = f"its last finite checkpoint (step {steps[-1]})" if steps else "its folder"
             raise Diverged(f"{err}; {last} is set aside in '{aside}'") from None
     return RunResult(run_dir, config, summary, compile_times, state, frozen, recipe, kind)
+
+
+def _stepper(
+    recipe: Recipe,
+    config: RunConfig,
+    frozen: hk.Params,
+    run_key: jax.Array,
+    shardings: TrainState | None,
+    batches: Callable[[int], Batch],
+    sample: Sampler | None,
+) -> Stepper:
+    """A run's programs: n steps that draw their batches (with `sample`), or one step a call on
+    the host's batches, with the monitors on logged steps."""
+    steps = config.train.steps
+    if sample is not None:
+        return Stepper(frozen, run_key, steps, steps=make_train_steps(recipe, sample))
+    step, monitors = make_train_step(recipe, shardings), make_monitor_step(recipe)
+    return Stepper(frozen, run_key, steps, step=step, monitors=monitors, batches=batches)
 
 
 def _evaluation(

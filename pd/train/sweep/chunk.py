@@ -1,9 +1,6 @@
 """Training one chunk of a group: the members one call of its programs trains together."""
 
-import dataclasses
-import json
 import logging
-import math
 import statistics
 import threading
 import time
@@ -21,7 +18,8 @@ from pd.targets.base import Batch
 from pd.targets.configs import TargetConfig
 from pd.targets.train import TrainedTarget
 from pd.train.evaluate import figure_batch
-from pd.train.objective import flat_metrics
+from pd.train.loop import Stepper, divergence, metric_sinks, write_config
+from pd.train.objective import Metrics, flat_metrics
 from pd.train.recipe import make_batches
 from pd.train.sinks import MetricSinks
 from pd.train.sweep.programs import MEMBERS, SHARED, Group, Programs, stacked_keys
@@ -84,6 +82,7 @@ class Chunk:
         else:
             self.frozen = jax.device_put(self.trained[0].params, shared)
         self.on_members = on_members
+        self._last = (0, 0.0)  # the step and time of the last logged row, for its speed
 
     def batches(self) -> Callable[[int], Batch]:
         """The members' batches of a step, stacked (S18: each a pure function of its seed), for
@@ -118,88 +117,78 @@ class Chunk:
     def train(self, folders: list[Path], stop: threading.Event) -> tuple[TrainState, list[str]]:
         """Every member's final state (host-side, stacked) and why each diverged ("" if not);
         rows into each member's sinks. Raises `Stopped` between calls once `stop` is set."""
-        programs, recipe, cfg = self.programs, self.group.recipe, self.group.recipe.train
+        programs, cfg = self.programs, self.group.recipe.train
         states = programs.init(self.init_keys, self.src_keys)
         if cfg.faith_warmup_steps > 0:
             states = programs.warmup(states, self.frozen)
-        batches = None if programs.steps is not None else self.batches()
+        if programs.steps is not None:  # toys: up to the next logged step in one call
+            stepper = Stepper(self.frozen, self.run_keys, cfg.steps, steps=programs.steps)
+        else:
+            stepper = Stepper(
+                self.frozen,
+                self.run_keys,
+                cfg.steps,
+                step=programs.step,
+                monitors=programs.monitors,
+                batches=self.batches(),
+            )
         diverged = [""] * self.size
-        last = (0, time.perf_counter())
+        self._last = (0, time.perf_counter())
         with ExitStack() as stack, _rows_unlogged():
             sinks = []
             for member, folder in zip(self.members[: self.size], folders, strict=True):
-                c = member.config
-                (folder / "config.json").write_text(
-                    json.dumps(dataclasses.asdict(c), indent=2, allow_nan=False)
-                )
-                sinks.append(
-                    stack.enter_context(
-                        MetricSinks(
-                            folder,
-                            cfg.steps,
-                            log_every=cfg.log_every,
-                            eval_every=cfg.eval_every,
-                            tensorboard=cfg.tensorboard,
-                            wandb=cfg.wandb,
-                            run_name=c.name,
-                            config=dataclasses.asdict(c),
-                            interactive=False,
-                        )
-                    )
-                )
+                write_config(folder, member.config)
+                sinks.append(stack.enter_context(metric_sinks(folder, member.config, 0, False)))
             first = 0
             while first < cfg.steps:
                 if stop.is_set():
                     raise Stopped
-                step = first  # the last step of this call
-                x = None
-                if programs.steps is None:
-                    assert batches is not None
-                    x = batches(step)
-                    states, metrics = programs.step(states, self.frozen, x, self.run_keys)
-                else:  # toys: up to the next logged step in one call, as a run takes them
-                    step = sinks[0].next_logged(first)
-                    n = jnp.asarray(step - first + 1, jnp.int32)
-                    states, metrics = programs.steps(states, self.frozen, self.run_keys, n)
+                step = stepper.last_of_call(first, sinks[0].next_logged(first))
+                states, metrics = stepper.take(states, first, step)
                 first = step + 1
                 evaluate = sinks[0].should_eval(step) and step < cfg.steps - 1
-                if not (sinks[0].should_log(step) or evaluate):
-                    continue
-                if programs.monitors is not None:  # else the steps returned them
-                    assert x is not None
-                    metrics |= programs.monitors(states, self.frozen, x)
-                host = jax.device_get(metrics)
-                host_states = jax.device_get(states) if evaluate else None
-                totals = []
-                for i, sink in enumerate(sinks):
-                    if diverged[i]:
-                        continue
-                    row = flat_metrics(recipe.table, {k: v[i] for k, v in host.items()})
-                    bad = [k for k, v in row.items() if not math.isfinite(v)]
-                    if bad:
-                        others = f" (and {len(bad) - 1} more terms)" if len(bad) > 1 else ""
-                        diverged[i] = (
-                            f"training diverged at step {step}: {bad[0]} is {row[bad[0]]}{others}"
-                        )
-                        continue
-                    if host_states is not None:
-                        state = member_state(host_states, i)
-                        evaluated = self.evaluation(i, state, folders[i])
-                        row |= {f"eval/{k}": v for k, v in evaluated.items()}
-                    sink.log(step, row)
-                    totals.append(row["loss/total"])
-                done, before = last
-                last = (step + 1, time.perf_counter())
-                speed = (step + 1 - done) / max(last[1] - before, 1e-9)
-                if len(totals) > 1:
-                    loss = (
-                        f"loss/total median {statistics.median(totals):.4g} "
-                        f"(min {min(totals):.4g}, max {max(totals):.4g})"
-                    )
-                else:
-                    loss = f"loss/total {totals[0]:.4g}" if totals else "every member diverged"
-                log.info(
-                    "step %d/%d of %s: %s, %.3g steps/s", step, cfg.steps, self.label, loss, speed
-                )
+                if sinks[0].should_log(step) or evaluate:
+                    metrics = stepper.with_monitors(metrics, states, step)
+                    self._log(step, metrics, states if evaluate else None, sinks, folders, diverged)
         host_final: TrainState = jax.device_get(states)
         return host_final, diverged
+
+    def _log(
+        self,
+        step: int,
+        metrics: Metrics,
+        states: TrainState | None,
+        sinks: list[MetricSinks],
+        folders: list[Path],
+        diverged: list[str],
+    ) -> None:
+        """Each member's row of a logged step into its sinks (with its evaluation, given the
+        `states` to evaluate), unless it has diverged, now or before (`diverged`); one line for
+        the log."""
+        host = jax.device_get(metrics)
+        host_states = None if states is None else jax.device_get(states)
+        totals = []
+        for i, sink in enumerate(sinks):
+            if diverged[i]:
+                continue
+            row = flat_metrics(self.group.recipe.table, {k: v[i] for k, v in host.items()})
+            if (why := divergence(step, row)) is not None:
+                diverged[i] = why
+                continue
+            if host_states is not None:
+                evaluated = self.evaluation(i, member_state(host_states, i), folders[i])
+                row |= {f"eval/{k}": v for k, v in evaluated.items()}
+            sink.log(step, row)
+            totals.append(row["loss/total"])
+        done, before = self._last
+        self._last = (step + 1, time.perf_counter())
+        speed = (step + 1 - done) / max(self._last[1] - before, 1e-9)
+        if len(totals) > 1:
+            loss = (
+                f"loss/total median {statistics.median(totals):.4g} "
+                f"(min {min(totals):.4g}, max {max(totals):.4g})"
+            )
+        else:
+            loss = f"loss/total {totals[0]:.4g}" if totals else "every member diverged"
+        steps = self.group.recipe.train.steps
+        log.info("step %d/%d of %s: %s, %.3g steps/s", step, steps, self.label, loss, speed)
