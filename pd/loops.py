@@ -69,6 +69,20 @@ def repeat(n: int, f: Callable[[Carry], Carry], init: Carry) -> Carry:
     return scan(body, init, None, length=n)[0]
 
 
+def repeat_kept(n: int, f: Callable[[Carry], Carry], init: Carry, zero: Int[Array, ""]) -> Carry:
+    """`repeat(n, f, init)` as a loop that XLA keeps even at `n = 1`: its count is
+    `n + min(zero, 0)`, read at run time (`zero`: any traced integer that is never negative,
+    such as the step). The result is then the loop's own buffer, which no later fusion can
+    recompute from the loop's inputs, keeping them alive for as long as it is used: the
+    adversary's warmup ascent would otherwise keep its Adam direction (an fp32 set of sources)
+    alive through every pass. Fully unrolled (`unrolled()`) it is `repeat`."""
+    if _unroll[-1] is True:
+        return repeat(n, f, init)
+    count = jnp.minimum(zero, 0) + n
+    out: Carry = jax.lax.fori_loop(0, count, lambda _, carry: f(carry), init)
+    return out
+
+
 def accumulate(
     f: Callable[[P, X, P | None], Float[Array, ""]],
     params: P,

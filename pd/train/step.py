@@ -85,7 +85,9 @@ def step_fn(recipe: Recipe, mesh: Mesh | None = None) -> StepFn:
                 g = jax.grad(lambda s: adversarial_recon(recipe, fixed, s))(sources)
                 return ascend(sources, source_opt, g, source_lr, adv.beta1, adv.beta2, adv.eps)
 
-            sources, source_opt = loops.repeat(adv.n_warmup, warmup_ascent, (sources, source_opt))
+            sources, source_opt = loops.repeat_kept(
+                adv.n_warmup, warmup_ascent, (sources, source_opt), state.step
+            )
         inp = PassInputs(frozen, x, comps, ci.lower, clean, taps, products)
         diff = Diff(comps, ci.lower, inner, sources)
         metrics, grads, g_ci = loss_grads(recipe, diff, ci, inp, step_key, state.step)
