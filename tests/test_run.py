@@ -112,7 +112,7 @@ def test_overwrite_by_a_failing_run_keeps_the_old_run(
         raise KeyboardInterrupt  # Ctrl-C in the middle of training
 
     # `pd.train.run` the attribute is the function; the module is in sys.modules.
-    monkeypatch.setattr(sys.modules["pd.train.run"], "_train", interrupted)
+    monkeypatch.setattr(sys.modules["pd.train.run"], "_train_in", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run(tiny_run.config, old, overwrite=True)
     assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before

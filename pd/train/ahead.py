@@ -34,10 +34,10 @@ shape_dtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct  # unann
 
 
 class Ahead:
-    """`start` compiles the step program `_train` will call: `train_steps` where it draws its
-    batches with `sample` (it computes the monitors too), else `train_step` (with the state's
-    shardings on a mesh) and `monitor_step`; `initialize` makes the state. `wait` (and the
-    block's exit) waits for the compiles."""
+    """`start` compiles the step program the training loop will call: `train_steps` where it
+    draws its batches with `sample` (it computes the monitors too), else `train_step` (with the
+    state's shardings on a mesh) and `monitor_step`; `initialize` makes the state. `wait` (and
+    the block's exit) waits for the compiles."""
 
     def __init__(
         self, recipe: Recipe, run_key: jax.Array, mesh: Mesh | None, sample: Sampler | None

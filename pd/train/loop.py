@@ -1,15 +1,15 @@
-"""What a training loop does at each call, shared by a run (`pd.train.run`) and a sweep's chunks of
-members (`pd.train.sweep.chunk`): which program takes the next steps and how many, the monitors
-of a logged step, the sentence that stops a diverged row, and a run folder's config file and
-metric sinks.
+"""The training loop of a run (`pd.train.run`) and of a sweep's chunks of members
+(`pd.train.sweep.chunk`): which program takes the next steps and how many, the monitors of a
+logged step, the sentence that stops a diverged row, and a run folder's config file and metric
+sinks. What differs between the two is what they do with a logged row (`OnRow`).
 """
 
 import dataclasses
-import json
-import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import haiku as hk
 import jax
@@ -27,6 +27,11 @@ from pd.train.sinks import MetricSinks
 Step = Callable[[TrainState, hk.Params, Batch, jax.Array], tuple[TrainState, Metrics]]
 Steps = Callable[[TrainState, hk.Params, jax.Array, jax.Array], tuple[TrainState, Metrics]]
 Monitors = Callable[[TrainState, hk.Params, Batch], Metrics]
+# What a loop does with a logged step: its metrics (monitors included) and, where the step is
+# evaluated, its state.
+OnRow = Callable[[int, Metrics, TrainState | None], None]
+
+_CALL_SECONDS = 0.25  # a multi-step call's length: about how long a stop waits for it
 
 
 @dataclass
@@ -80,23 +85,62 @@ class Stepper:
         return self.batches(step)
 
 
-def divergence(step: int, row: dict[str, float]) -> str | None:
-    """The sentence that stops a run (or a sweep's member) whose logged row holds a NaN or an
-    infinity, or None: nothing that looks like a result is made of such a row."""
-    bad = [k for k, v in row.items() if not math.isfinite(v)]
-    if not bad:
-        return None
-    others = f" (and {len(bad) - 1} more terms)" if len(bad) > 1 else ""
-    return (
-        f"training diverged at step {step}: {bad[0]} is {row[bad[0]]}{others}, expected finite "
-        "values (lower the learning rate)"
-    )
+@runtime_checkable
+class Cadence(Protocol):
+    """Which steps a loop logs and evaluates (`MetricSinks` is one), and its progress."""
+
+    def should_log(self, step: int) -> bool: ...
+
+    def should_eval(self, step: int) -> bool: ...
+
+    def next_logged(self, step: int) -> int: ...
+
+    def advance(self, n: int = 1) -> None: ...
 
 
-def write_config(folder: Path, config: RunConfig) -> None:
-    """A run folder's `config.json`, which `pd.load` and `--resume` read."""
-    text = json.dumps(dataclasses.asdict(config), indent=2, allow_nan=False)
-    (folder / "config.json").write_text(text)
+def train_loop(
+    state: TrainState,
+    first: int,
+    stepper: Stepper,
+    cadence: Cadence,
+    on_row: OnRow,
+    stopped: Callable[[], bool],
+    save: Callable[[int, TrainState], None] | None = None,
+    checkpoint_every: int = 0,
+) -> tuple[TrainState, int]:
+    """Steps from `first` (`state`'s) to the end, or until `stopped()` (asked before each call): the
+    state and the next step to take. Each logged or evaluated step goes to `on_row`; with `save`
+    the state of every `checkpoint_every`-th step and of the last is saved, and a stopped loop
+    saves where it is. One call is in flight at a time, so a stop waits for that one.
+
+    Where the step program draws its batches, a call takes the steps up to the next one that is
+    logged, evaluated or saved, at most about `_CALL_SECONDS` of them at the pace measured so
+    far; otherwise one step a call.
+    """
+    total = stepper.total
+    every = checkpoint_every or total
+    saved = first
+    per_call = 1
+    while first < total and not stopped():
+        t0 = time.perf_counter()
+        boundary = min(cadence.next_logged(first), (first // every + 1) * every - 1)
+        step = stepper.last_of_call(first, min(boundary, first + per_call - 1))
+        state, metrics = stepper.take(state, first, step)
+        jax.tree.map(lambda a: a.block_until_ready(), metrics)  # one call in flight
+        n = step - first + 1
+        per_call = max(1, min(2 * n, int(_CALL_SECONDS * n / (time.perf_counter() - t0))))
+        # The last step's evaluation is the run's own, after the loop.
+        evaluate = cadence.should_eval(step) and step < total - 1
+        if cadence.should_log(step) or evaluate:
+            on_row(step, stepper.with_monitors(metrics, state, step), state if evaluate else None)
+        cadence.advance(n)
+        first = step + 1
+        if save is not None and (first % every == 0 or first == total):
+            save(first, state)
+            saved = first
+    if save is not None and first < total and saved != first:  # stopped
+        save(first, state)  # a resume continues from here exactly
+    return state, first
 
 
 def metric_sinks(

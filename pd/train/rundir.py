@@ -9,8 +9,10 @@ same folder is told that one is in progress. pd only ever deletes a folder that 
 file, or a partial folder it made.
 """
 
+import dataclasses
 import errno
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -19,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from pd.train.config import ConfigError
+from pd.train.config import ConfigError, RunConfig
 
 MARKER = ".pd-run"  # written into every finished run folder; pd deletes no folder without it
 CHECKPOINTS = "checkpoints"
@@ -311,3 +313,45 @@ __all__ = [
     "set_aside",
     "staged",
 ]
+
+
+def write_config(folder: Path, config: RunConfig) -> None:
+    """A run folder's `config.json`, which `pd.load` and `--resume` read."""
+    text = json.dumps(dataclasses.asdict(config), indent=2, allow_nan=False)
+    (folder / "config.json").write_text(text)
+
+
+def first_difference(before: object, now: object, path: str) -> tuple[str, object, object] | None:
+    """The first dotted key where two parsed configs differ, with both values."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        for key in sorted(set(before) | set(now)):
+            found = first_difference(before.get(key), now.get(key), f"{path}.{key}".strip("."))
+            if found is not None:
+                return found
+        return None
+    return None if before == now else (path, before, now)
+
+
+def check_same_config(path: Path, config: RunConfig) -> None:
+    """A resumed run continues the config it was started with; only where it runs may change."""
+    free = ("mesh", "distributed", "compile")
+    try:
+        recorded = json.loads(path.read_text())
+        if not isinstance(recorded, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as err:
+        why = "is missing" if isinstance(err, FileNotFoundError) else f"is unreadable ({err})"
+        raise ConfigError(
+            f"the interrupted run's config '{path}' {why}, expected the config.json it was "
+            "started with (start over with --overwrite)"
+        ) from None
+    before = {k: v for k, v in recorded.items() if k not in free}
+    now = json.loads(json.dumps(dataclasses.asdict(config)))
+    now = {k: v for k, v in now.items() if k not in free}
+    found = first_difference(before, now, "")
+    if found is not None:
+        key, old, value = found
+        raise ConfigError(
+            f"config key '{key}' is {value!r}, but the interrupted run had {old!r}, expected "
+            "the same config to resume it"
+        )

@@ -18,9 +18,11 @@ from pd.targets.base import Batch
 from pd.targets.configs import TargetConfig
 from pd.targets.train import TrainedTarget
 from pd.train.evaluate import figure_batch
-from pd.train.loop import Stepper, divergence, metric_sinks, write_config
+from pd.train.finite import divergence
+from pd.train.loop import Stepper, metric_sinks, train_loop
 from pd.train.objective import Metrics, flat_metrics
 from pd.train.recipe import make_batches
+from pd.train.rundir import write_config
 from pd.train.sinks import MetricSinks
 from pd.train.sweep.programs import MEMBERS, SHARED, Group, Programs, stacked_keys
 
@@ -139,17 +141,13 @@ class Chunk:
             for member, folder in zip(self.members[: self.size], folders, strict=True):
                 write_config(folder, member.config)
                 sinks.append(stack.enter_context(metric_sinks(folder, member.config, 0, False)))
-            first = 0
-            while first < cfg.steps:
-                if stop.is_set():
-                    raise Stopped
-                step = stepper.last_of_call(first, sinks[0].next_logged(first))
-                states, metrics = stepper.take(states, first, step)
-                first = step + 1
-                evaluate = sinks[0].should_eval(step) and step < cfg.steps - 1
-                if sinks[0].should_log(step) or evaluate:
-                    metrics = stepper.with_monitors(metrics, states, step)
-                    self._log(step, metrics, states if evaluate else None, sinks, folders, diverged)
+
+            def on_row(step: int, metrics: Metrics, states: TrainState | None) -> None:
+                self._log(step, metrics, states, sinks, folders, diverged)
+
+            states, first = train_loop(states, 0, stepper, sinks[0], on_row, stop.is_set)
+            if first < cfg.steps:
+                raise Stopped
         host_final: TrainState = jax.device_get(states)
         return host_final, diverged
 

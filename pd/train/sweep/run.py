@@ -24,7 +24,7 @@ from pd.targets.hf import CheckpointError
 from pd.targets.train import TrainedTarget
 from pd.train.ahead import wait_compiles
 from pd.train.config import ConfigError
-from pd.train.run import write_results
+from pd.train.results import write_results
 from pd.train.rundir import check_destination, mark_finished, staged
 from pd.train.sweep.chunk import Chunk, member_state
 from pd.train.sweep.programs import Group, compile_ahead, group_members, make_programs

@@ -1,0 +1,50 @@
+"""What a finished run leaves in its folder and prints."""
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pd.state import TrainState
+from pd.targets.train import TrainedTarget
+from pd.train import checkpoint
+
+# A run's evaluation: its summary, with the figures drawn into the folder given.
+Evaluation = Callable[[TrainState, Path], dict[str, float]]
+
+
+def write_results(
+    folder: Path,
+    state: TrainState,
+    trained: TrainedTarget,
+    evaluation: Evaluation,
+    t0: float,
+) -> dict[str, float]:
+    """What a trained run leaves in its folder: `decomposition.npz`, the frozen target
+    (`frozen.*`), the evaluation's figures and `summary.json` (with the target's training and
+    the seconds since `t0`); returns the summary."""
+    checkpoint.save(folder / "decomposition.npz", (state.components, state.ci_params))
+    checkpoint.save_frozen(folder / "frozen.npz", trained.params)
+    summary = evaluation(state, folder)
+    summary["target/attempt"] = float(trained.attempt)
+    if math.isfinite(trained.loss):  # a loaded checkpoint has no training loss
+        summary["target/loss"] = trained.loss
+    summary["time/total_s"] = time.perf_counter() - t0
+    summary_json = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)
+    (folder / "summary.json").write_text(summary_json)
+    return summary
+
+
+def summary_table(summary: dict[str, float]) -> str:
+    """The console table: one row per metric family, one column per site."""
+    rows: dict[str, dict[str, float]] = {}
+    for key, value in summary.items():
+        family, _, site = key.partition("/")
+        rows.setdefault(family, {})[site] = value
+    lines = []
+    width = max(len(f) for f in rows)
+    for family, cells in sorted(rows.items()):
+        text = "  ".join(f"{site}={value:.4g}" for site, value in cells.items())
+        lines.append(f"{family:<{width}}  {text}")
+    return "\n".join(lines)
