@@ -112,6 +112,11 @@ def test_a_target_given_in_python_is_given_again_to_load(tmp_path: Path) -> None
     own = OwnTarget(haiku_target(mlp, params, sparse(0), {"mlp/~/linear_0": 4}), params, sparse)
     short = ["train.steps=3", "train.faith_warmup_steps=2", "eval.n_samples=256", "eval.batch=256"]
     run(load_config("tms_5-2", short), tmp_path / "given", own=own)
+    # config.json records what the run used: the target's C and its batches' size, not the
+    # preset's (which a caller's target does not read).
+    recorded = json.loads((tmp_path / "given" / "config.json").read_text())
+    assert recorded["C"] == 4 and recorded["train"]["batch"] == len(sparse(0))
+    assert recorded["target"]["kind"] == "own"
     with pytest.raises(ConfigError, match=r"must be given again: pd\.load\(run_dir, own=\.\.\.\)"):
         pd.load(tmp_path / "given")
     assert pd.load(tmp_path / "given", own=own).sites == ("mlp/~/linear_0",)

@@ -1,6 +1,7 @@
 """What differs between toy targets and language models, decided once (`kind_of`): the model,
 its frozen weights, its batches and its evaluation."""
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pd.targets.base import Batch, Target, ToyTarget, as_toy
 from pd.targets.configs import FactoryConfig, LlamaConfig, TargetConfig, ToyConfig
 from pd.targets.lm import build_llama, load_llama, token_labels, token_source
 from pd.targets.train import TrainedTarget, load_or_train, trained_shapes
-from pd.train.config import ConfigError
+from pd.train.config import ConfigError, RunConfig
 from pd.train.evaluate import Evaluate, KnownAnswer, evaluate_toy, toy_answer
 from pd.train.evaluate_masks import evaluate_masks
 from pd.train.step import Sampler, ToySampler, make_sampler
@@ -48,6 +49,8 @@ class TargetKind:
     # size) → the batch of a step`, and the frozen weights' shapes before they are loaded.
     sampler: Callable[[Target, int], Sampler] | None = None
     frozen_shapes: Callable[[Target], PyTree[jax.ShapeDtypeStruct]] | None = None
+    # The config as `config.json` records it: what the run really used.
+    recorded: Callable[[RunConfig], RunConfig] = lambda config: config
 
 
 def _toy_batches(seed: int, batch: int, target: Target, run_key: Key[Array, ""]) -> HostBatches:
@@ -142,6 +145,18 @@ def _check_jittable(own: OwnTarget) -> None:
         )
 
 
+def _own_recorded(own: OwnTarget, config: RunConfig) -> RunConfig:
+    """The config a caller's target ran with: the target as one given in Python (`pd.load` asks
+    for it again) unless a factory names it, its sites' C where they share one (the config's is
+    not read), and the size of its batches in place of `train.batch` (nor is that)."""
+    target = config.target if isinstance(config.target, FactoryConfig) else FactoryConfig()
+    Cs = {site.C for site in own.target.table.sites}
+    C = Cs.pop() if len(Cs) == 1 else config.C
+    batch = int(np.shape(own.batches(0))[0])
+    train = dataclasses.replace(config.train, batch=batch)
+    return dataclasses.replace(config, target=target, C=C, train=train)
+
+
 def own_kind(own: OwnTarget) -> TargetKind:
     """The kind of a caller's target: nothing to build, load or train."""
     evaluation = own.eval_batches or own.batches
@@ -157,6 +172,7 @@ def own_kind(own: OwnTarget) -> TargetKind:
         known=lambda target: own.known,
         sampler=(lambda target, batch: sampler) if own.jittable else None,
         frozen_shapes=(lambda target: jax.eval_shape(lambda: own.frozen)) if own.jittable else None,
+        recorded=partial(_own_recorded, own),
     )
 
 

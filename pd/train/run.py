@@ -1,6 +1,5 @@
 """`run(config) -> RunResult`: target, init, warmup, the training loop, evaluation, run folder."""
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from pd.shard import ShardingError, initialize_distributed, make_mesh
 from pd.shard.state import frozen_shardings
 from pd.state import TrainState
 from pd.targets.base import Batch
-from pd.targets.configs import FactoryConfig
 from pd.targets.hf import CheckpointError
 from pd.targets.train import TrainedTarget
 from pd.train.ahead import Ahead
@@ -173,9 +171,7 @@ def _plan(
     the token file, W&B, the destination and, resuming, the interrupted run's config."""
     run_dir = out if out is not None else Path("runs") / config.name
     kind = kind_of(config.target, own)  # a factory's target is built here, once
-    if own is not None and not isinstance(config.target, FactoryConfig):
-        # Recorded as a target given in Python: pd.load asks for it again.
-        config = dataclasses.replace(config, target=FactoryConfig())
+    config = kind.recorded(config)  # a caller's target: what it really runs with
     recipe = make_recipe(config, kind)  # validates the site specs before anything is written
     if config.distributed.coordinator:  # before anything starts a jax backend
         d = config.distributed
