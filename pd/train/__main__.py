@@ -11,7 +11,6 @@ import argparse
 import os
 import re
 import shlex
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ from pd.log import setup_logging
 from pd.train.config import ConfigError, RunConfig, load_config, preset_names
 from pd.train.run import Diverged, run, summary_table
 from pd.train.rundir import check_destination, checkpoint_steps, partial_dir
-from pd.train.signals import Terminated, raise_terminated
+from pd.train.signals import Terminated, stopped, stops_raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +30,44 @@ def main(argv: list[str] | None = None) -> int:
         from pd.train.sweep import main as sweep_main
 
         return sweep_main(given[1:])
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+        if args.compile_only:
+            return _compile_only(config)
+        out = args.out if args.out is not None else Path("runs") / config.name
+        check_destination(out, args.overwrite, args.resume)
+        _check_creatable(out)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    setup_logging()
+    jax.devices()  # (a run's step in flight finishes, with a checkpoint: pd.train.signals)
+    try:
+        with stops_raise():
+            result = run(config, out, overwrite=args.overwrite, resume=args.resume)
+    except ConfigError as err:  # found once the target or data is opened, before any compile
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Diverged as err:  # nothing was written; an earlier run in the folder is kept
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    except (jax.errors.JaxRuntimeError, MemoryError) as err:
+        if (oom := _out_of_memory(err)) is None:
+            raise
+        print(f"error: {oom}; {_kept(out)}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Terminated) as err:
+        how, status = stopped(err)
+        print(f"error: stopped {how}; {_kept(out, given)}", file=sys.stderr)
+        return status
+    print(summary_table(result.summary))
+    print(result.compile_times.table())
+    print(f"run folder: {result.run_dir}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pd.train", description=__doc__)
     parser.add_argument("config", help=f"a preset ({', '.join(preset_names())}) or a .toml file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -45,67 +82,20 @@ def main(argv: list[str] | None = None) -> int:
         help="only lower and compile init and step on abstract inputs, over simulated CPU "
         "devices as many as the mesh asks for, and print the compile table",
     )
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config, args.overrides)
-        if args.compile_only:
-            return _compile_only(config)
-        out = args.out if args.out is not None else Path("runs") / config.name
-        check_destination(out, args.overwrite, args.resume)
-        _check_creatable(out)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    setup_logging()
-    # SIGTERM (a scheduler's stop) unwinds like Ctrl-C; during training the step in flight
-    # finishes and a checkpoint is saved first (pd.train.signals). Installed once the backend
-    # has started: starting it replaces an earlier handler. SIGINT
-    # raises KeyboardInterrupt even where the shell started pd with it ignored (a background
-    # job of a script), so that `kill -INT` stops a run too.
-    jax.devices()
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        result = run(config, out, overwrite=args.overwrite, resume=args.resume)
-    except ConfigError as err:  # found once the target or data is opened, before any compile
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except Diverged as err:  # nothing was written; an earlier run in the folder is kept
-        print(f"error: {err}", file=sys.stderr)
-        return 3
-    except (jax.errors.JaxRuntimeError, MemoryError) as err:
-        oom = _out_of_memory(err)
-        if oom is None:
-            raise
-        steps = checkpoint_steps(partial_dir(out))
-        kept = (
-            f"the run is kept in {partial_dir(out)} (checkpoint at step {steps[-1]})"
-            if steps
-            else f"no run folder was written ({out} is as it was)"
-        )
-        print(f"error: {oom}; {kept}", file=sys.stderr)
-        return 2
-    except (KeyboardInterrupt, Terminated) as err:
-        how = "by SIGTERM" if isinstance(err, Terminated) else "by Ctrl-C"
-        steps = checkpoint_steps(partial_dir(out))
-        if steps:
-            again = " ".join([*map(shlex.quote, sys.argv[1:] if argv is None else argv)])
-            kept = (
-                f"the run is kept in {partial_dir(out)} (checkpoint at step {steps[-1]}); "
-                f"continue it with: {shlex.quote(sys.executable)} -m pd.train "
-                f"{again.replace(' --resume', '')} --resume"
-            )
-        else:
-            kept = f"no run folder was written ({out} is as it was)"
-        print(f"error: stopped {how}; {kept}", file=sys.stderr)
-        return 143 if isinstance(err, Terminated) else 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
-    print(summary_table(result.summary))
-    print(result.compile_times.table())
-    print(f"run folder: {result.run_dir}")
-    return 0
+    return parser
+
+
+def _kept(out: Path, resume_with: list[str] | None = None) -> str:
+    """What a stopped or failed run left: its partial folder and latest checkpoint (with the
+    command that continues it, given the arguments it was started with), or nothing."""
+    steps = checkpoint_steps(partial_dir(out))
+    if not steps:
+        return f"no run folder was written ({out} is as it was)"
+    kept = f"the run is kept in {partial_dir(out)} (checkpoint at step {steps[-1]})"
+    if resume_with is None:
+        return kept
+    again = " ".join(map(shlex.quote, resume_with)).replace(" --resume", "")
+    return f"{kept}; continue it with: {shlex.quote(sys.executable)} -m pd.train {again} --resume"
 
 
 def _check_creatable(out: Path) -> None:

@@ -29,6 +29,26 @@ def raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
 
+@contextmanager
+def stops_raise() -> Iterator[None]:
+    """The commands' handlers inside the block: SIGTERM (a scheduler's stop) unwinds as
+    `Terminated`, like Ctrl-C, and SIGINT raises KeyboardInterrupt even where the shell started
+    pd with it ignored (a background job of a script), so that `kill -INT` stops it too. Enter
+    it once the JAX backend has started: starting it replaces an earlier handler."""
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+
+
+def stopped(err: KeyboardInterrupt | Terminated) -> tuple[str, int]:
+    """How a command was stopped, for its error line, and its exit status (128 + the signal)."""
+    return ("by SIGTERM", 143) if isinstance(err, Terminated) else ("by Ctrl-C", 130)
+
+
 def _exception(signum: int) -> BaseException:
     return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 

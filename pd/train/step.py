@@ -15,10 +15,11 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
-from jaxtyping import Array, Int, Key
+from jaxtyping import Array, Float, Int, Key
 
 from pd import loops
 from pd.adversary import SourceAdam, Sources, ascend
+from pd.ci import GroupParams
 from pd.losses import faithfulness
 from pd.precision import compute
 from pd.shard import placement
@@ -78,16 +79,7 @@ def step_fn(recipe: Recipe, mesh: Mesh | None = None) -> StepFn:
                 (comps, ci.lower, products)
             )
             fixed = PassInputs(frozen, x, fixed_comps, fixed_lower, clean, taps, fixed_products)
-
-            def warmup_ascent(carry: tuple[Sources, SourceAdam]) -> tuple[Sources, SourceAdam]:
-                # S13: ascents on detached components and CI.
-                sources, source_opt = carry
-                g = jax.grad(lambda s: adversarial_recon(recipe, fixed, s))(sources)
-                return ascend(sources, source_opt, g, source_lr, adv.beta1, adv.beta2, adv.eps)
-
-            sources, source_opt = loops.repeat_kept(
-                adv.n_warmup, warmup_ascent, (sources, source_opt), state.step
-            )
+            sources, source_opt = warmup_ascents(recipe, fixed, state, source_lr)
         inp = PassInputs(frozen, x, comps, ci.lower, clean, taps, products)
         diff = Diff(comps, ci.lower, inner, sources)
         metrics, grads, g_ci = loss_grads(recipe, diff, ci, inp, step_key, state.step)
@@ -104,22 +96,47 @@ def step_fn(recipe: Recipe, mesh: Mesh | None = None) -> StepFn:
             sources, source_opt = ascend(
                 sources, source_opt, g_term, source_lr, adv.beta1, adv.beta2, adv.eps
             )
-        up_c, opt_c_state = opt_c.update(g_comps, state.opt_components, comps)
-        up_ci, opt_ci_state = opt_ci.update(g_ci_params, state.opt_ci, state.ci_params)
         metrics["lr"] = schedule_value(recipe.train.lr, recipe.train.steps, state.step)
         metrics["grad_norm/components"] = optax.tree.norm(g_comps)  # before the clip
-        new = TrainState(
-            step=state.step + 1,
-            components=optax.apply_updates(comps, up_c),
-            ci_params=optax.apply_updates(state.ci_params, up_ci),
-            opt_components=opt_c_state,
-            opt_ci=opt_ci_state,
-            sources=sources,
-            source_opt=source_opt,
-        )
-        return new, metrics
+        new = updated(state, opt_c, opt_ci, g_comps, g_ci_params)
+        return new._replace(sources=sources, source_opt=source_opt), metrics
 
     return train_step
+
+
+def updated(
+    state: TrainState,
+    opt_c: optax.GradientTransformation,
+    opt_ci: optax.GradientTransformation,
+    g_comps: Components,
+    g_ci: GroupParams,
+) -> TrainState:
+    """`state` one step on: its components and CI function updated by their optimizers."""
+    up_c, opt_c_state = opt_c.update(g_comps, state.opt_components, state.components)
+    up_ci, opt_ci_state = opt_ci.update(g_ci, state.opt_ci, state.ci_params)
+    return state._replace(
+        step=state.step + 1,
+        components=optax.apply_updates(state.components, up_c),
+        ci_params=optax.apply_updates(state.ci_params, up_ci),
+        opt_components=opt_c_state,
+        opt_ci=opt_ci_state,
+    )
+
+
+def warmup_ascents(
+    recipe: Recipe, fixed: PassInputs, state: TrainState, lr: Float[Array, ""]
+) -> tuple[Sources, SourceAdam]:
+    """S13: the sources after `loss.adversary.n_warmup` ascents on the detached components and
+    CI of `fixed`, in one loop that XLA keeps (`pd.loops.repeat_kept`)."""
+    adv = recipe.loss.adversary
+
+    def ascent(carry: tuple[Sources, SourceAdam]) -> tuple[Sources, SourceAdam]:
+        sources, source_opt = carry
+        g = jax.grad(lambda s: adversarial_recon(recipe, fixed, s))(sources)
+        return ascend(sources, source_opt, g, lr, adv.beta1, adv.beta2, adv.eps)
+
+    start = (state.sources, state.source_opt)
+    return loops.repeat_kept(adv.n_warmup, ascent, start, state.step)
 
 
 @one_per_value

@@ -2,7 +2,6 @@
 
 import argparse
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,7 +11,7 @@ import jax
 from pd.log import setup_logging
 from pd.train.config import ConfigError
 from pd.train.rundir import check_destination
-from pd.train.signals import Terminated, raise_terminated
+from pd.train.signals import Terminated, stopped, stops_raise
 from pd.train.sweep.run import sweep
 from pd.train.sweep.spec import load_sweep, parse_seeds
 
@@ -33,6 +32,38 @@ def _one_cpu_device_per_core() -> None:
 
 def main(argv: Sequence[str]) -> int:
     """`python -m pd.train sweep ...`; the exit statuses of `python -m pd.train`."""
+    args = _parser().parse_args(list(argv))
+    try:
+        seeds = parse_seeds(args.seeds)
+        spec = load_sweep(args.config, seeds, args.overrides, args.grid, args.vary_target_seed)
+        out = args.out if args.out is not None else Path("runs") / f"{spec.name}-sweep"
+        check_destination(out, args.overwrite)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    _one_cpu_device_per_core()
+    setup_logging()
+    jax.devices()  # starting the backend replaces an earlier SIGTERM handler
+    try:
+        with stops_raise():
+            result = sweep(spec, out, args.overwrite, args.members_per_program)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Terminated) as err:
+        how, status = stopped(err)
+        print(
+            f"error: stopped {how}; no sweep folder was written ({out} is as it was)",
+            file=sys.stderr,
+        )
+        return status
+    print(result.table())
+    print(result.compile_times.table())
+    print(f"sweep folder: {result.sweep_dir}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pd.train sweep",
         description="Train N decompositions of one recipe as one vmapped program.",
@@ -64,34 +95,4 @@ def main(argv: Sequence[str]) -> int:
         "--out", type=Path, default=None, help="sweep folder (default runs/NAME-sweep)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing sweep folder")
-    args = parser.parse_args(list(argv))
-    try:
-        seeds = parse_seeds(args.seeds)
-        spec = load_sweep(args.config, seeds, args.overrides, args.grid, args.vary_target_seed)
-        out = args.out if args.out is not None else Path("runs") / f"{spec.name}-sweep"
-        check_destination(out, args.overwrite)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    _one_cpu_device_per_core()
-    setup_logging()
-    jax.devices()  # starting the backend replaces an earlier SIGTERM handler
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        result = sweep(spec, out, args.overwrite, args.members_per_program)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except (KeyboardInterrupt, Terminated) as err:
-        how = "by SIGTERM" if isinstance(err, Terminated) else "by Ctrl-C"
-        print(
-            f"error: stopped {how}; no sweep folder was written ({out} is as it was)",
-            file=sys.stderr,
-        )
-        return 143 if isinstance(err, Terminated) else 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    print(result.table())
-    print(result.compile_times.table())
-    print(f"sweep folder: {result.sweep_dir}")
-    return 0
+    return parser
