@@ -196,6 +196,16 @@ def synthetic_corpus(
     (solved exactly: `π P = π`, `Σ π = 1`),
     `H = Σ_{g,b} π(g, b) · (−Σ_c p(c | g, b) log p(c | g, b))`.
     """
+    _check_synthetic(vocab, n_tokens, n_successors, n_classes, alpha)
+    cls, pool, probs = _chain_tables(seed, vocab, n_successors, n_classes, alpha)
+    tokens = _sample_chain(seed, cls, pool, probs, n_tokens)
+    entropy = _entropy_rate(cls, pool, probs)
+    return TokenSource(tokens, f"synthetic corpus (seed {seed}, vocab {vocab})"), entropy
+
+
+def _check_synthetic(
+    vocab: int, n_tokens: int, n_successors: int, n_classes: int, alpha: float
+) -> None:
     if vocab < 2 or vocab > _INT32_MAX + 1:
         raise DataError(f"synthetic corpus vocab {vocab}, expected 2 to 2**31")
     if not 2 <= n_successors <= vocab:
@@ -207,7 +217,12 @@ def synthetic_corpus(
     if n_tokens < 1:
         raise DataError(f"synthetic corpus n_tokens {n_tokens}, expected at least 1")
 
-    V, m = vocab, n_successors
+
+def _chain_tables(
+    seed: int, V: int, m: int, n_classes: int, alpha: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`synthetic_corpus`'s classes `[V]`, successor pools `[V, m]` and next-token
+    distributions `[n_classes, V, m]`, from `default_rng([seed, 0])`."""
     tables = np.random.default_rng([seed, 0])
     cls = tables.permutation(V) % n_classes
     pool = np.empty((V, m), np.int64)
@@ -216,7 +231,14 @@ def synthetic_corpus(
         others = tables.choice(V - 1, m - 1, replace=False)
         pool[b] = [nxt, *(others + (others >= nxt))]  # skip nxt: the pool stays distinct
     probs = tables.dirichlet(np.full(m, alpha), size=(n_classes, V))  # [g, b, j]
+    return cls, pool, probs
 
+
+def _sample_chain(
+    seed: int, cls: np.ndarray, pool: np.ndarray, probs: np.ndarray, n_tokens: int
+) -> np.ndarray:
+    """`n_tokens` of the chain, from `default_rng([seed, 1])`."""
+    n_classes, V = probs.shape[:2]
     # Sample with plain Python lists: a per-token loop over NumPy scalars is ~5x slower.
     draws = np.random.default_rng([seed, 1])
     g0, x0 = int(draws.integers(n_classes)), int(draws.integers(V))
@@ -229,10 +251,7 @@ def synthetic_corpus(
         c = pool_l[b][bisect.bisect_right(cdf_l[g][b], u)]
         out.append(c)
         g, b = cls_l[b], c
-    tokens = np.asarray(out, np.int32)
-
-    entropy = _entropy_rate(cls, pool, probs)
-    return TokenSource(tokens, f"synthetic corpus (seed {seed}, vocab {vocab})"), entropy
+    return np.asarray(out, np.int32)
 
 
 def _entropy_rate(

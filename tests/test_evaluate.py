@@ -4,8 +4,13 @@ shared between equal recipes."""
 import numpy as np
 
 from pd.train import load_config
-from pd.train.evaluate import dense_ci_error, identity_ci_error, make_eval_step, mmcs_ml2r
-from pd.train.objective import ci_program
+from pd.train.evaluate import (
+    ci_program,
+    dense_ci_error,
+    identity_ci_error,
+    make_eval_step,
+    mmcs_ml2r,
+)
 from pd.train.run import make_recipe
 from pd.xla import one_per_value
 

@@ -34,8 +34,9 @@ from pd.targets.llama import Llama
 from pd.train import RunResult, load_config, run
 from pd.train.compile_only import compile_only
 from pd.train.config import RunConfig
+from pd.train.evaluate import ci_program
 from pd.train.init_state import init_train_state, state_shardings
-from pd.train.objective import PassInputs, Recipe, adversarial_recon, ci_program, flat_metrics
+from pd.train.objective import PassInputs, Recipe, adversarial_recon, flat_metrics
 from pd.train.run import make_batches, make_mesh_of, make_recipe
 from pd.train.schedule import schedule_value
 from pd.train.step import make_train_step

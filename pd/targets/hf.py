@@ -102,36 +102,8 @@ def load_hf(path: str | Path, dtype: str | None = None) -> tuple[LlamaArch, hk.P
 
 def read_config(file: Path) -> LlamaArch:
     """The `LlamaArch` of an HF `config.json` (HF's defaults for absent optional fields)."""
-    if not file.is_file():
-        raise CheckpointError(f"{file} does not exist, expected a Hugging Face config file")
-    try:
-        raw: object = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{file} cannot be parsed ({e}), expected a JSON object") from e
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{file} holds a {type(raw).__name__}, expected a JSON object")
-    cfg: dict[str, object] = raw
-    archs = cfg.get("architectures") or []
-    if not (isinstance(archs, list) and "LlamaForCausalLM" in archs) and (
-        cfg.get("model_type") != "llama"
-    ):
-        raise CheckpointError(
-            f"{file} describes architectures {archs!r} with model_type "
-            f"{cfg.get('model_type')!r}, expected LlamaForCausalLM or model_type 'llama'"
-        )
-    # Variants this forward does not compute must fail here, not give silently wrong logits.
-    for key, allowed in (("hidden_act", ("silu", None)), ("attention_bias", (False, None))):
-        if cfg.get(key) not in allowed:
-            raise CheckpointError(f"{file} sets {key} to {cfg.get(key)!r}, expected {allowed[0]!r}")
-    if cfg.get("mlp_bias") not in (False, None):
-        raise CheckpointError(f"{file} sets mlp_bias to {cfg.get('mlp_bias')!r}, expected False")
-    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) != (
-        "default"
-    ):
-        raise CheckpointError(
-            f"{file} sets RoPE scaling {rope!r}, expected none (pd implements unscaled RoPE)"
-        )
+    cfg = _json_object(file)
+    rope = _supported_variant(file, cfg)
 
     def integer(key: str, default: int | None = None) -> int:
         value = cfg.get(key)
@@ -167,6 +139,45 @@ def read_config(file: Path) -> LlamaArch:
         return LlamaArch(**sizes, rope_base=rope_base, rms_eps=rms_eps, tie_embeddings=tie)
     except ValueError as e:
         raise CheckpointError(f"{file} gives an invalid architecture: {e}") from e
+
+
+def _json_object(file: Path) -> dict[str, object]:
+    """The JSON object a config file holds."""
+    if not file.is_file():
+        raise CheckpointError(f"{file} does not exist, expected a Hugging Face config file")
+    try:
+        raw: object = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file} cannot be parsed ({e}), expected a JSON object") from e
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file} holds a {type(raw).__name__}, expected a JSON object")
+    return raw
+
+
+def _supported_variant(file: Path, cfg: dict[str, object]) -> dict[str, object]:
+    """Refuse a model this forward does not compute (it must fail here, not give silently wrong
+    logits); returns its RoPE parameters."""
+    archs = cfg.get("architectures") or []
+    if not (isinstance(archs, list) and "LlamaForCausalLM" in archs) and (
+        cfg.get("model_type") != "llama"
+    ):
+        raise CheckpointError(
+            f"{file} describes architectures {archs!r} with model_type "
+            f"{cfg.get('model_type')!r}, expected LlamaForCausalLM or model_type 'llama'"
+        )
+    for key, allowed in (("hidden_act", ("silu", None)), ("attention_bias", (False, None))):
+        if cfg.get(key) not in allowed:
+            raise CheckpointError(f"{file} sets {key} to {cfg.get(key)!r}, expected {allowed[0]!r}")
+    if cfg.get("mlp_bias") not in (False, None):
+        raise CheckpointError(f"{file} sets mlp_bias to {cfg.get('mlp_bias')!r}, expected False")
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(rope, dict) or rope.get("rope_type", rope.get("type", "default")) != (
+        "default"
+    ):
+        raise CheckpointError(
+            f"{file} sets RoPE scaling {rope!r}, expected none (pd implements unscaled RoPE)"
+        )
+    return rope
 
 
 def _layout(a: LlamaArch) -> list[_Tensor]:

@@ -272,17 +272,7 @@ class Llama(TargetBase):
             return h_mid + proj("down", x_down), {"resid": h, **taps}
 
         xs = _stored_layers(*jax.tree.map(lambda a: a[start:], (stacked, sites.layers)))
-        if sites.into is None:
-            h, taps = loops.scan(checkpointed(layer, self.remat), h, xs)
-            taps["resid"] = jnp.concatenate([taps["resid"], h[None]])
-        else:  # a pass inside `loops.accumulate`: the backward adds into the running gradient
-            into = jax.tree.map(lambda a: a[start:], sites.into)
-
-            def picked(xs: tuple[dict[str, Array], dict[str, LayerSites]]) -> dict[str, SiteGrads]:
-                return {k: SiteGrads.of(s, into[k]) for k, s in xs[1].items()}
-
-            h = loops.scan_adding(lambda h, x: layer(h, x)[0], h, xs, into, picked)
-            taps = {}
+        h, taps = self._layers(layer, h, xs, sites, start)
         h = rms_norm(h, final_norm, a.rms_eps)
         # Vocabulary-parallel on a mesh: every device reads the whole batch's final stream (a
         # small gather) and computes the logits of its own slice of the vocabulary, so the head
@@ -290,6 +280,34 @@ class Llama(TargetBase):
         h = stored("final stream", h, (None, None, None))
         logits = matmul(h, W_head, jnp.float32)
         return stored("logits", logits, (None, None, "vocab")), taps
+
+    def _layers(
+        self,
+        layer: "Layer",
+        h: Float[Array, "B T d"],
+        xs: tuple[dict[str, Array], dict[str, LayerSites]],
+        sites: Sites,
+        start: int,
+    ) -> tuple[Float[Array, "B T d"], Taps]:
+        """The layer scan from layer `start`: the last stream and the taps (`resid` with the
+        final one appended). In a pass inside `loops.accumulate` (`sites.into`) its backward
+        adds into the running gradient, and it records no taps."""
+        if sites.into is None:
+            h, taps = loops.scan(checkpointed(layer, self.remat), h, xs)
+            taps["resid"] = jnp.concatenate([taps["resid"], h[None]])
+            return h, taps
+        into = jax.tree.map(lambda a: a[start:], sites.into)
+
+        def picked(xs: tuple[dict[str, Array], dict[str, LayerSites]]) -> dict[str, SiteGrads]:
+            return {k: SiteGrads.of(s, into[k]) for k, s in xs[1].items()}
+
+        return loops.scan_adding(lambda h, x: layer(h, x)[0], h, xs, into, picked), {}
+
+
+Layer = Callable[
+    [Float[Array, "B T d"], tuple[dict[str, Array], dict[str, LayerSites]]],
+    tuple[Float[Array, "B T d"], LayerTaps],
+]
 
 
 def _stored_layers(

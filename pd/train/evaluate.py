@@ -10,16 +10,26 @@ import numpy as np
 from jaxtyping import Array, Float, Int, Key
 from scipy.optimize import linear_sum_assignment
 
-from pd.ci import GroupParams
+from pd.ci import CI, GroupParams
 from pd.decompose import site_weights
 from pd.sites import SiteTable
 from pd.state import Components, TrainState
-from pd.targets.base import Batch, ToyTarget, as_toy
+from pd.targets.base import Batch, Output, ToyTarget, as_toy
 from pd.train.config import EvalConfig
-from pd.train.objective import CI_ACTIVE, Metrics, Recipe, ci_program, evaluate_batch, flat_metrics
+from pd.train.objective import CI_ACTIVE, Metrics, Recipe, evaluate_batch, flat_metrics
 from pd.xla import compiler_options, one_per_value
 
 ALIVE_THRESHOLD = CI_ACTIVE  # alive: CI above 0.1 on some evaluation sample (SPEC §13)
+
+
+CIProgram = Callable[[GroupParams, Components, hk.Params, Batch], tuple[CI, Output]]
+
+
+@one_per_value
+def ci_program(recipe: Recipe) -> CIProgram:
+    """Jitted `recipe.ci`, for the evaluation's probes and the figures."""
+    fn: CIProgram = jax.jit(recipe.ci)
+    return fn
 
 
 def identity_ci_error(ci: np.ndarray, tol: float) -> int:

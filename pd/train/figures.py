@@ -16,9 +16,15 @@ from matplotlib.figure import Figure
 
 from pd.state import Components, TrainState
 from pd.targets.base import Batch, ToyTarget
-from pd.train.evaluate import ALIVE_THRESHOLD, KnownAnswer, host_site_arrays, probe_ci
+from pd.train.evaluate import (
+    ALIVE_THRESHOLD,
+    KnownAnswer,
+    ci_program,
+    host_site_arrays,
+    probe_ci,
+)
 from pd.train.kinds import Labels
-from pd.train.objective import Recipe, ci_program
+from pd.train.objective import Recipe
 
 
 def _ci_probes(

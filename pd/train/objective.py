@@ -47,7 +47,6 @@ from pd.state import Components, TrainState
 from pd.targets.base import Batch, Output, Taps, Target
 from pd.train.config import LossConfig, ReconTerm, TrainConfig
 from pd.train.schedule import schedule_value
-from pd.xla import one_per_value
 
 # Scalars, plus `ci_l0`: one value per site in `SiteTable.group_order` (see `flat_metrics`).
 Metrics = dict[str, Float[Array, "..."]]
@@ -145,16 +144,6 @@ class Recipe:
             return None
         V, U = grads.comps
         return layer_grads(self.table, V, U, grads.lower, grads.sources, grads.inner)
-
-
-CIProgram = Callable[[GroupParams, Components, hk.Params, Batch], tuple[CI, Output]]
-
-
-@one_per_value
-def ci_program(recipe: Recipe) -> CIProgram:
-    """Jitted `recipe.ci`, for the evaluation's probes and the figures."""
-    fn: CIProgram = jax.jit(recipe.ci)
-    return fn
 
 
 class Diff(NamedTuple):

@@ -45,8 +45,7 @@ def step_fn(recipe: Recipe, mesh: Mesh | None = None) -> StepFn:
     """`train_step(state, frozen, batch, run_key)` before jit: the pure body that
     `make_train_step` jits and `pd.train.sweep` vmaps over the members of a sweep. On `mesh`
     the layer and chunk bodies gather their weights from the state's shards (`pd.shard`)."""
-    opt_c = component_optimizer(recipe.train)
-    opt_ci = ci_optimizer(recipe.train)
+    opt_c, opt_ci = component_optimizer(recipe.train), ci_optimizer(recipe.train)
     adv = recipe.loss.adversary
 
     def train_step(
