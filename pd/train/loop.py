@@ -1,7 +1,7 @@
 """The training loop of a run (`pd.train.run`) and of a sweep's chunks of members
 (`pd.train.sweep.chunk`): which program takes the next steps and how many, the monitors of a
-logged step, the sentence that stops a diverged row, and a run folder's config file and metric
-sinks. What differs between the two is what they do with a logged row (`OnRow`).
+logged step, and a run folder's metric sinks. What differs between the two is what they do
+with a logged row (`OnRow`).
 """
 
 import dataclasses
@@ -51,7 +51,8 @@ class Stepper:
     _drawn: dict[int, Batch] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if (self.steps is None) == (self.step is None and self.batches is None):
+        one_a_call = self.step is not None and self.batches is not None
+        if (self.steps is not None) == one_a_call:
             raise ValueError("Stepper takes `steps`, or `step` with `batches`, not both")
 
     def last_of_call(self, first: int, boundary: int) -> int:
