@@ -19,10 +19,9 @@ from jaxtyping import Array, Bool, Float, Key
 from pd import rng
 from pd.init import key_tree
 from pd.state import TrainState
-from pd.targets.base import as_toy
 from pd.train.config import load_config
 from pd.train.init_state import init_train_state
-from pd.train.kinds import kind_of
+from pd.train.kinds import as_toy, kind_of
 from pd.train.objective import Metrics
 from pd.train.run import make_recipe
 from pd.train.step import ToySampler, steps_fn

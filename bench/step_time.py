@@ -55,8 +55,9 @@ def measure(
     frozen = kind.load_frozen(recipe.target).params
     init_key, src_key, run_key = key_tree(config.seed)
     state = init_train_state(recipe, init_key, src_key)
-    if kind.sampler is not None:  # as a run takes them: the steps between logged steps in one call
-        steps = make_train_steps(recipe, kind.sampler(recipe.target, config.train.batch))
+    sample = kind.sampler(recipe.target, config.train.batch)
+    if sample is not None:  # as a run takes them: the steps between logged steps in one call
+        steps = make_train_steps(recipe, sample)
         name = "train_steps"
 
         def window(state: TrainState, first: int) -> tuple[TrainState, Metrics]:
@@ -134,8 +135,8 @@ def measure_random_target(
     the device's peak bytes in use (None where the backend does not say)."""
     from pd.shard import global_batch
     from pd.shard.state import frozen_shardings
-    from pd.train.compile_only import FROZEN_DTYPE
     from pd.train.init_state import state_shardings
+    from pd.train.kinds import FROZEN_DTYPE
     from pd.train.run import make_mesh_of
 
     config = load_config(preset, overrides)

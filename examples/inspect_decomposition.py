@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 import pd
-from pd.targets.base import as_toy
+from pd.train.kinds import as_toy
 
 
 def active_subcomponents(

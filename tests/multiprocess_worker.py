@@ -29,11 +29,11 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
     from pd.init import key_tree
     from pd.shard import global_batch, initialize_distributed
     from pd.shard.state import frozen_shardings
-    from pd.targets.base import as_toy
     from pd.train.checkpoint import host_arrays
     from pd.train.checkpoint import save as save_decomposition
     from pd.train.config import load_config
     from pd.train.init_state import abstract_state, init_train_state, state_shardings
+    from pd.train.kinds import as_toy
     from pd.train.resume import Checkpoints
     from pd.train.run import make_recipe
     from pd.train.step import make_sampler, make_train_step

@@ -11,6 +11,7 @@ from pd.train.evaluate import (
     make_eval_step,
     mmcs_ml2r,
 )
+from pd.train.kinds import as_toy
 from pd.train.run import make_recipe
 from pd.xla import one_per_value
 
@@ -59,12 +60,12 @@ def test_equal_recipes_share_one_evaluation_program() -> None:
     recipe its own; arguments compare by their pytree leaves (a state's placement, whose
     parameter dicts cannot be hashed), and leaves that cannot be hashed get a new one each
     time; a default argument given or left out is one call."""
-    recipe = make_recipe(load_config("tms_5-2", []))
-    assert make_eval_step(recipe, 64) is make_eval_step(make_recipe(load_config("tms_5-2", [])), 64)
-    assert ci_program(recipe) is ci_program(make_recipe(load_config("tms_5-2", [])))
-    assert make_eval_step(make_recipe(load_config("tms_5-2", ["C=7"])), 64) is not make_eval_step(
-        recipe, 64
-    )
+    recipe, again = (make_recipe(load_config("tms_5-2", [])) for _ in range(2))
+    other = make_recipe(load_config("tms_5-2", ["C=7"]))
+    toy = as_toy(recipe.target)
+    assert make_eval_step(recipe, toy, 64) is make_eval_step(again, as_toy(again.target), 64)
+    assert ci_program(recipe) is ci_program(again)
+    assert make_eval_step(other, as_toy(other.target), 64) is not make_eval_step(recipe, toy, 64)
     made: list[object] = []
 
     def build(x: object, y: int | None = None) -> int:

@@ -29,13 +29,13 @@ from pd.init import key_tree
 from pd.losses import kl, recon_plan
 from pd.shard import ShardingError, make_mesh
 from pd.state import Components, TrainState
-from pd.targets.base import as_toy
 from pd.targets.llama import Llama
 from pd.train import RunResult, load_config, run
 from pd.train.compile_only import compile_only
 from pd.train.config import RunConfig
 from pd.train.evaluate import ci_program
 from pd.train.init_state import init_train_state, state_shardings
+from pd.train.kinds import as_toy
 from pd.train.objective import PassInputs, Recipe, adversarial_recon, flat_metrics
 from pd.train.run import make_batches, make_mesh_of, make_recipe
 from pd.train.schedule import schedule_value

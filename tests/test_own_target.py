@@ -69,8 +69,8 @@ def test_a_users_haiku_mlp_is_decomposed_through_run(tmp_path: Path) -> None:
     # as a run takes them when its batches are not declared jittable (1e-5).
     programs = result.compile_times.by_name
     assert programs["train_steps"]["compiles"] == 1 and "train_step" not in programs
-    assert result.kind.sampler is not None
     sample = result.kind.sampler(result.recipe.target, config.train.batch)
+    assert sample is not None
     steps = make_train_steps(result.recipe, sample)  # the run's own program
     one, run_key = make_train_step(result.recipe), key_tree(config.seed)[2]
     drawn = steps(jax.tree.map(jnp.copy, result.state), params, run_key, jnp.int32(3))[0]

@@ -13,11 +13,11 @@ import pytest
 
 import pd
 from pd.init import init_vu, key_tree
-from pd.targets.base import as_toy
 from pd.targets.tms import TMS
 from pd.targets.train import trained_shapes
 from pd.train import checkpoint, load_config, run
 from pd.train.init_state import init_train_state
+from pd.train.kinds import as_toy
 from pd.train.run import RunResult, make_recipe
 from pd.train.step import make_sampler, make_train_step
 

@@ -24,10 +24,11 @@ from jax.typing import ArrayLike
 from pd.ci.squash import ALPHA
 from pd.init import key_tree
 from pd.sites import SiteTable
-from pd.targets.base import Batch, Target, as_toy
+from pd.targets.base import Batch, Target
 from pd.targets.llama import KINDS, Llama
 from pd.train import load_config
 from pd.train.init_state import init_train_state
+from pd.train.kinds import as_toy
 from pd.train.objective import flat_metrics
 from pd.train.run import make_recipe
 from pd.train.step import make_train_step

@@ -16,9 +16,9 @@ from pd.ci.mlp import PerSiteCIKind, site_ci_transform
 from pd.init import init_ci_fn, init_vu, key_tree
 from pd.losses import faithfulness
 from pd.state import Components, TrainState
-from pd.targets.base import as_toy
 from pd.train import load_config
 from pd.train.init_state import init_train_state
+from pd.train.kinds import as_toy
 from pd.train.objective import Metrics, evaluate_batch
 from pd.train.optim import ci_optimizer, clip_global_norm, component_optimizer
 from pd.train.run import make_recipe

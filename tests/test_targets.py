@@ -115,9 +115,9 @@ def test_a_target_pd_did_not_train_says_where_it_came_from() -> None:
     """The run's log line "target ready (…)" for a caller's target names it as given, not as a
     training attempt with a loss of nan."""
     from pd.testing import tiny_target
-    from pd.train.kinds import own_kind
+    from pd.train.kinds import OwnKind
 
     own = tiny_target()
-    trained = own_kind(own).load_frozen(own.target)
+    trained = OwnKind(own).load_frozen(own.target)
     assert trained.describe() == "given in Python" and trained.params is own.frozen
     assert "nan" not in trained.describe()

@@ -127,10 +127,3 @@ class ToyTarget(Target, Protocol):
     def expand(self, trainable: TrainParams) -> hk.Params: ...
 
     def check(self, params: hk.Params, loss: float) -> str | None: ...
-
-
-def as_toy(target: Target) -> ToyTarget:
-    """`target` as a toy target, or a TypeError naming what it is."""
-    if not isinstance(target, ToyTarget):
-        raise TypeError(f"{type(target).__name__} is not a toy target with a known answer")
-    return target

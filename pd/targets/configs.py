@@ -1,7 +1,7 @@
 """Target configurations and the toy targets they build."""
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pd.targets.resid_mlp import ResidMLP
 from pd.targets.tms import TMS
@@ -21,6 +21,10 @@ class TargetTraining:
 
 class TrainsInProcess:
     """`training` of a target config whose model pd trains itself (the fields are the config's)."""
+
+    # The config keys of the batches pd places on the mesh for this target (a toy draws its
+    # evaluation batches inside the program).
+    PLACED_BATCHES: ClassVar[tuple[str, ...]] = ("train.batch",)
 
     train_steps: int
     train_batch: int
@@ -115,6 +119,7 @@ class LlamaConfig(TrainsInProcess, Validated):
 
     NON_NEGATIVE = frozenset({"seed", "layers"})  # layers count from 0
     FRACTIONS = frozenset({"held_out"})
+    PLACED_BATCHES = ("train.batch", "eval.batch")
 
     kind: Literal["llama"] = "llama"
     checkpoint: str = ""
@@ -151,6 +156,8 @@ class FactoryConfig(Validated):
     that takes no arguments and returns a `pd.train.OwnTarget` (the target, its frozen
     parameters and its batches). Empty when the target was given to `run(own=...)` in Python.
     In TOML: `target = { factory = "my_pkg.models:build" }`."""
+
+    PLACED_BATCHES: ClassVar[tuple[str, ...]] = ()  # the caller's batches, of their own size
 
     factory: str = ""
     kind: Literal["own"] = "own"

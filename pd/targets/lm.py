@@ -14,7 +14,6 @@ from jaxtyping import Array, Float, Int, Key
 
 from pd.data import DataError, TokenSource, load_tokens, local_file, synthetic_corpus
 from pd.decompose import FROZEN
-from pd.targets.base import Target
 from pd.targets.configs import LLAMA_KINDS, KindC, LlamaConfig
 from pd.targets.gguf import is_gguf, load_gguf, read_gguf_arch
 from pd.targets.hf import CONFIG, load_hf, read_config
@@ -172,10 +171,9 @@ def training_files(cfg: LlamaConfig) -> tuple[Path, ...]:
     return (path,)
 
 
-def load_llama(cfg: LlamaConfig, target: Target) -> TrainedTarget:
+def load_llama(cfg: LlamaConfig, target: Llama) -> TrainedTarget:
     """The frozen weights from the local checkpoint, else trained in-process on the config's
     tokens and cached by the hash of the config and the token file's contents."""
-    assert isinstance(target, Llama)
     if cfg.checkpoint:
         load = load_gguf if is_gguf(cfg.checkpoint) else load_hf
         _, params = load(checkpoint_path(cfg))

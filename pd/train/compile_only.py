@@ -9,16 +9,12 @@ from jax.stages import Compiled
 from pd.compile_times import CompileTimes, recording
 from pd.shard import ShardingError, make_mesh, named_sharding
 from pd.shard.state import frozen_shardings, replicated
-from pd.targets.configs import LlamaConfig
-from pd.targets.llama import Llama
 from pd.train.ahead import shape_dtype
 from pd.train.config import ConfigError, RunConfig
 from pd.train.init_state import jitted_init, state_shardings
+from pd.train.kinds import kind_of
 from pd.train.run import make_recipe
 from pd.train.step import make_train_step
-
-# A language model's frozen weights are held in bf16, as a production run loads them.
-FROZEN_DTYPE = jnp.bfloat16
 
 
 def abstract(tree: object, shardings: object) -> object:
@@ -41,12 +37,13 @@ def compile_only(config: RunConfig) -> tuple[CompileTimes, dict[str, float]]:
 def compile_programs(config: RunConfig) -> tuple[CompileTimes, dict[str, Compiled]]:
     """The compile table and the compiled `init_train_state` and `train_step` of the run, for
     their cost and memory analyses."""
-    if not isinstance(config.target, LlamaConfig):
+    kind = kind_of(config.target)
+    recipe = make_recipe(config, kind)
+    frozen_shape = kind.checkpoint_shapes(recipe.target)
+    if frozen_shape is None:
         raise ConfigError(
             f"--compile-only needs a language-model target, not '{config.target.kind}'"
         )
-    recipe = make_recipe(config)
-    assert isinstance(recipe.target, Llama)
     try:
         mesh = make_mesh({"data": config.mesh.data, "model": config.mesh.model})
     except ShardingError as err:
@@ -54,10 +51,8 @@ def compile_programs(config: RunConfig) -> tuple[CompileTimes, dict[str, Compile
     shardings = state_shardings(recipe, mesh)
     key = jax.eval_shape(lambda: jax.random.key(0))
     key = shape_dtype(key.shape, key.dtype, sharding=replicated(mesh))
-    frozen_shape = jax.eval_shape(recipe.target.init, jax.random.key(0))
-    frozen_shape = jax.tree.map(lambda a: shape_dtype(a.shape, FROZEN_DTYPE), frozen_shape)
     frozen = abstract(frozen_shape, frozen_shardings(recipe.target, frozen_shape, mesh))
-    B, T = config.train.batch, config.target.seq_len
+    B, T = config.train.batch, kind.seq_len
     batch = shape_dtype(
         (B, T), jnp.int32, sharding=named_sharding("batch", (B, T), ("batch", None), mesh)
     )

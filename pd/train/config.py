@@ -201,17 +201,12 @@ class RunConfig(Validated):
         self._check_data_parallel()
 
     def _check_data_parallel(self) -> None:
-        """The batches pd places on the mesh split evenly over its data axis: `train.batch`,
-        and `eval.batch` of a language model (a toy draws its evaluation batches inside the
-        program; a target of the caller's own brings its batches, of its own size)."""
-        if isinstance(self.target, FactoryConfig):
-            return
-        sizes = {"train.batch": self.train.batch}
-        if isinstance(self.target, LlamaConfig):
-            sizes["eval.batch"] = self.eval.batch
+        """The batches pd places on the mesh (the target config's `PLACED_BATCHES`) split evenly
+        over its data axis."""
+        sizes = {"train.batch": self.train.batch, "eval.batch": self.eval.batch}
         ways = self.mesh.data
-        for key, size in sizes.items():
-            if size % ways:
+        for key in self.target.PLACED_BATCHES:
+            if (size := sizes[key]) % ways:
                 why = "each data-parallel device takes an equal share"
                 raise FieldError(key, size, f"a multiple of mesh.data = {ways} ({why})")
 
@@ -250,7 +245,8 @@ def _build(tp: object, value: object, path: str, default: object = None) -> obje
             want = "one of " + ", ".join(map(repr, _TARGET_KINDS))
             raise ConfigError(f"config key '{path}.kind' is {kind!r}, expected {want}")
         cls = _TARGET_KINDS[kind]
-        return _build(cls, value, path, default if isinstance(default, cls) else None)
+        same_kind = getattr(default, "kind", None) == kind  # a default of another kind is dropped
+        return _build(cls, value, path, default if same_kind else None)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{path}' is {value!r}, expected a table")
@@ -292,9 +288,7 @@ def _default_of(f: dataclasses.Field[object]) -> object:
 
 def from_dict(data: dict[str, object]) -> RunConfig:
     """A validated RunConfig from a nested dict (as parsed from TOML)."""
-    config = _build(RunConfig, data, "")
-    assert isinstance(config, RunConfig)
-    return config
+    return typing.cast(RunConfig, _build(RunConfig, data, ""))  # a dataclass builds as itself
 
 
 def preset_names() -> list[str]:

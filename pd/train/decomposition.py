@@ -21,7 +21,6 @@ from pd.decompose import FROZEN, Constant, Sites, decomposed_hook, layer_sites
 from pd.init import init_vu, key_tree
 from pd.state import Components
 from pd.targets.base import Batch, Output, Target
-from pd.targets.configs import FactoryConfig
 from pd.train import checkpoint
 from pd.train.config import ConfigError, RunConfig, from_dict
 from pd.train.evaluate import EVAL_FOLD, KnownAnswer
@@ -221,7 +220,7 @@ def load(run_dir: str | Path, own: OwnTarget | None = None) -> Decomposition:
     kind = kind_of(config.target, own)
     recipe = make_recipe(config, kind)
     recorded, frozen = checkpoint.load_frozen(run_dir / "frozen.npz")
-    if frozen is None or isinstance(config.target, FactoryConfig):  # a caller's target: compare
+    if frozen is None or kind.given_frozen:  # a caller's target: compare
         frozen = kind.load_frozen(recipe.target).params
     found = checkpoint.fingerprint(frozen)
     if found != recorded:

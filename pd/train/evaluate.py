@@ -14,7 +14,7 @@ from pd.ci import CI, GroupParams
 from pd.decompose import site_weights
 from pd.sites import SiteTable
 from pd.state import Components, TrainState
-from pd.targets.base import Batch, Output, ToyTarget, as_toy
+from pd.targets.base import Batch, Output, ToyTarget
 from pd.train.config import EvalConfig
 from pd.train.objective import CI_ACTIVE, Metrics, Recipe, evaluate_batch, flat_metrics
 from pd.xla import compiler_options, one_per_value
@@ -84,12 +84,12 @@ EVAL_FOLD = 2**31 - 1  # evaluation data: from fold_in(run_key, EVAL_FOLD), or s
 
 
 @one_per_value
-def make_eval_step(recipe: Recipe, batch_size: int) -> EvalFn:
+def make_eval_step(recipe: Recipe, target: ToyTarget, batch_size: int) -> EvalFn:
     """Jitted `eval_step(state, frozen, run_key, b)` of a toy: the loss terms on its evaluation
     batch `b`, and each site's max CI over the batch. The batch is drawn in the same program
     (one compile, not one more for the sampler and the keys) from the first of the two keys
-    split from `fold_in(fold_in(run_key, EVAL_FOLD), b)`; the second is the step's."""
-    target = as_toy(recipe.target)
+    split from `fold_in(fold_in(run_key, EVAL_FOLD), b)`; the second is the step's. `target`
+    is the recipe's, as the toy it is."""
 
     def eval_step(
         state: TrainState, frozen: hk.Params, run_key: Key[Array, ""], b: Int[Array, ""]
@@ -193,27 +193,18 @@ def accumulate(
     return sums, site_max
 
 
-def figure_batch(recipe: Recipe, eval_batches: Callable[[int], Batch]) -> Batch | None:
-    """The evaluation batch a run's figures draw their CI over; None for pd's toys, whose
-    figures need none (`pd.train.figures.write_figures`)."""
-    return None if isinstance(recipe.target, ToyTarget) else eval_batches(EVAL_FOLD)
-
-
-# `(recipe, state, frozen, batches, run key, eval config) → summary`
-Evaluate = Callable[
-    [Recipe, TrainState, hk.Params, Callable[[int], Batch], Key[Array, ""], EvalConfig],
-    dict[str, float],
-]
-
-
 def evaluate_toy(
-    recipe: Recipe, state: TrainState, frozen: hk.Params, run_key: Key[Array, ""], cfg: EvalConfig
+    recipe: Recipe,
+    target: ToyTarget,
+    state: TrainState,
+    frozen: hk.Params,
+    run_key: Key[Array, ""],
+    cfg: EvalConfig,
 ) -> dict[str, float]:
-    """The flat summary of SPEC §13 for a toy decomposition, on `n_samples` fresh samples
-    drawn from the evaluation key."""
-    table, target = recipe.table, as_toy(recipe.target)
-    batch = cfg.batch
-    eval_step = make_eval_step(recipe, batch)
+    """The flat summary of SPEC §13 for a decomposition of the toy `target` (the recipe's), on
+    `n_samples` fresh samples drawn from the evaluation key."""
+    table, batch = recipe.table, cfg.batch
+    eval_step = make_eval_step(recipe, target, batch)
     n_batches = max(1, -(-cfg.n_samples // batch))
 
     def results() -> Iterator[tuple[dict[str, np.ndarray], tuple[np.ndarray, ...]]]:

@@ -15,7 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from pd.state import Components, TrainState
-from pd.targets.base import Batch, ToyTarget
+from pd.targets.base import Batch
 from pd.train.evaluate import (
     ALIVE_THRESHOLD,
     KnownAnswer,
@@ -168,12 +168,11 @@ def write_figures(
     labels: Labels | None = None,
     known: KnownAnswer | None = None,
 ) -> None:
-    """With a known answer (toys): `ci_probes.png` and `components.png`; targets other than
-    pd's toys: `ci_sequence.png` (CI over the first sequence of the evaluation batch `x`, its
-    tokens' text from `labels`, or over its first examples); all: `losses.png`, once a row is
-    logged. A toy's figures need no batch (`x` may be None)."""
-    if not isinstance(recipe.target, ToyTarget):
-        assert x is not None, "a target other than pd's toys draws its CI over a batch"
+    """With a known answer (toys): `ci_probes.png` and `components.png`; with an evaluation
+    batch `x` (every target but pd's toys, `TargetKind.figure_batch`): `ci_sequence.png`, the CI
+    over its first sequence, its tokens' text from `labels`, or over its first examples; all:
+    `losses.png`, once a row is logged."""
+    if x is not None:
         _ci_over_rows(recipe, state, frozen, x, run_dir / "ci_sequence.png", labels)
     if known is not None:
         _ci_probes(recipe, state, frozen, known, run_dir / "ci_probes.png")

@@ -1,11 +1,14 @@
-"""What differs between toy targets and language models, decided once (`kind_of`): the model,
-its frozen weights, its batches and its evaluation."""
+"""What differs between pd's toys, language models and a caller's own targets, decided once
+(`kind_of`): a `TargetKind` builds the model, loads its frozen weights, gives its batches and
+evaluates a decomposition of it. This is the one module that tells target and config types
+apart."""
 
+import abc
 import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property
 from typing import cast
 
 import haiku as hk
@@ -16,76 +19,209 @@ from jax.sharding import Mesh
 from jaxtyping import Array, Int, Key, PyTree
 
 from pd.shard import global_batch
-from pd.targets.base import Batch, Target, ToyTarget, as_toy
+from pd.state import TrainState
+from pd.targets.base import Batch, Target, ToyTarget
 from pd.targets.configs import FactoryConfig, LlamaConfig, TargetConfig, ToyConfig
+from pd.targets.llama import Llama
 from pd.targets.lm import build_llama, load_llama, token_labels, token_source
 from pd.targets.train import TrainedTarget, load_or_train, trained_shapes
-from pd.train.config import ConfigError, RunConfig
-from pd.train.evaluate import Evaluate, KnownAnswer, evaluate_toy, toy_answer
+from pd.train.ahead import shape_dtype
+from pd.train.config import ConfigError, EvalConfig, RunConfig
+from pd.train.evaluate import EVAL_FOLD, KnownAnswer, evaluate_toy, toy_answer
 from pd.train.evaluate_masks import evaluate_masks
+from pd.train.objective import Recipe
 from pd.train.step import Sampler, ToySampler, make_sampler
 
 Batches = Callable[[int], Batch]  # the global batch of a step (S18), placed on the mesh
 Labels = Callable[[list[int]], list[str]]  # token ids → their text, for figures
 HostBatches = Callable[[int], np.ndarray | jax.Array]
-# `(seed, batch size, target, run key) → batches`
-MakeBatches = Callable[[int, int, Target, Key[Array, ""]], HostBatches]
+# A language model's frozen weights are held in bf16, as a production run loads them.
+FROZEN_DTYPE = jnp.bfloat16
 
 
 @dataclass(frozen=True)
-class TargetKind:
-    """One kind of target, bound to its config."""
+class Draw:
+    """What a run's batches are a function of, besides the step (S18)."""
 
-    build: Callable[[int], Target]  # C → the target
-    seq_len: int  # positions per example beyond the batch (0 for toys)
-    check_inputs: Callable[[], object]  # opens what the run reads, before any compile
-    load_frozen: Callable[[Target], TrainedTarget]
-    batches: MakeBatches
-    eval_batches: MakeBatches  # held-out data where the target has it, else `batches`
-    evaluate: Evaluate
-    known: Callable[[Target], KnownAnswer | None]  # for the known-answer metrics and figures
-    labels: Labels | None = None
-    # Where a step can draw its own batches (toys, a caller's jittable ones): `(target, batch
-    # size) → the batch of a step`, and the frozen weights' shapes before they are loaded.
-    sampler: Callable[[Target, int], Sampler] | None = None
-    frozen_shapes: Callable[[Target], PyTree[jax.ShapeDtypeStruct]] | None = None
-    # The config as `config.json` records it: what the run really used.
-    recorded: Callable[[RunConfig], RunConfig] = lambda config: config
+    seed: int  # the run's
+    size: int  # examples per batch
+    target: Target
+    run_key: Key[Array, ""]
 
 
-def _toy_batches(seed: int, batch: int, target: Target, run_key: Key[Array, ""]) -> HostBatches:
-    """Drawn on device from `fold_in(fold_in(run_key, step), 0)` (S18)."""
-    del seed  # in run_key
-    sample = make_sampler(as_toy(target), batch)
-    return lambda step: sample(run_key, jnp.asarray(step, jnp.int32))
+class TargetKind(abc.ABC):
+    """One kind of target, bound to its config. The defaults are those of a target with no known
+    answer whose batches come from the host."""
+
+    given_frozen: bool = False  # the frozen weights are the caller's (pd.load compares them)
+
+    @property
+    def seq_len(self) -> int:
+        """Positions per example beyond the batch (0: no sequence axis)."""
+        return 0
+
+    @property
+    def labels(self) -> Labels | None:
+        """Token ids → their text, for figures, where the target has text."""
+        return None
+
+    @abc.abstractmethod
+    def build(self, C: int) -> Target: ...
+
+    def check_inputs(self) -> None:
+        """Open what the run reads, before any compile; a problem is a ConfigError or
+        DataError. Nothing, where the run reads nothing beyond the config."""
+        return None
+
+    @abc.abstractmethod
+    def load_frozen(self, target: Target) -> TrainedTarget: ...
+
+    @abc.abstractmethod
+    def batches(self, draw: Draw, held_out: bool = False) -> HostBatches:
+        """The batch of a step; `held_out`: from the data kept for evaluation where the target
+        has such data."""
+
+    def evaluate(
+        self,
+        recipe: Recipe,
+        state: TrainState,
+        frozen: hk.Params,
+        batches: Batches,
+        run_key: Key[Array, ""],
+        cfg: EvalConfig,
+    ) -> dict[str, float]:
+        """The flat summary of a decomposition (SPEC §13)."""
+        known = self.known(recipe.target)
+        return evaluate_masks(recipe, state, frozen, batches, run_key, cfg, known)
+
+    def known(self, target: Target) -> KnownAnswer | None:
+        """The answer a decomposition should find, for the known-answer metrics and figures."""
+        return None
+
+    def figure_batch(self, eval_batches: Batches) -> Batch | None:
+        """The evaluation batch the figures draw their CI over (None: the figures need none)."""
+        return eval_batches(EVAL_FOLD)
+
+    def sampler(self, target: Target, batch: int) -> Sampler | None:
+        """Where a step can draw its own batches of `batch` examples, the sampler it calls."""
+        return None
+
+    def frozen_shapes(self, target: Target) -> PyTree[jax.ShapeDtypeStruct] | None:
+        """The frozen weights' shapes before they are trained or loaded, where the kind knows
+        them."""
+        return None
+
+    def checkpoint_shapes(self, target: Target) -> PyTree[jax.ShapeDtypeStruct] | None:
+        """The frozen weights' shapes and dtypes as a loaded checkpoint holds them, for
+        `--compile-only` (None: the kind loads no checkpoint)."""
+        return None
+
+    def residual_width(self, target: Target) -> int | None:
+        """The width of the residual stream a chunkwise CI function reads (None: no such
+        stream)."""
+        return None
+
+    def recorded(self, config: RunConfig) -> RunConfig:
+        """The config as `config.json` records it: what the run really used."""
+        return config
 
 
-def _toy_sampler(target: Target, batch: int) -> Sampler:
-    return ToySampler(as_toy(target), batch)
+def as_toy(target: Target) -> ToyTarget:
+    """`target` as one of pd's toys, or a TypeError naming what it is."""
+    if not isinstance(target, ToyTarget):
+        raise TypeError(f"{type(target).__name__} is not a toy target with a known answer")
+    return target
 
 
-def _lm_batches(
-    cfg: LlamaConfig,
-    held_out: bool,
-    seed: int,
-    batch: int,
-    target: Target,
-    run_key: Key[Array, ""],
-) -> HostBatches:
-    """Windows of the tokens drawn host-side by a Philox generator keyed `(seed, step)`."""
-    del target, run_key
-    tokens = token_source(cfg, held_out)
-    return lambda step: tokens.batch(seed, step, batch, cfg.seq_len)
+def as_llama(target: Target) -> Llama:
+    """`target` as a language model, or a TypeError naming what it is."""
+    if not isinstance(target, Llama):
+        raise TypeError(f"{type(target).__name__} is not a language model")
+    return target
 
 
-def _check_lm_inputs(cfg: LlamaConfig) -> None:
-    for held_out in (False, True):  # each part must hold a window
-        token_source(cfg, held_out).batch(0, 0, 1, cfg.seq_len)
+@dataclass(frozen=True)
+class ToyKind(TargetKind):
+    """pd's toys: trained in-process, a known answer, batches drawn on device (S18)."""
+
+    cfg: ToyConfig
+
+    def build(self, C: int) -> Target:
+        return self.cfg.build(C)
+
+    def load_frozen(self, target: Target) -> TrainedTarget:
+        return load_or_train(self.cfg, as_toy(target))
+
+    def batches(self, draw: Draw, held_out: bool = False) -> HostBatches:
+        """Drawn from `fold_in(fold_in(run_key, step), 0)` (S18); held out or not alike."""
+        sample = make_sampler(as_toy(draw.target), draw.size)
+        return lambda step: sample(draw.run_key, jnp.asarray(step, jnp.int32))
+
+    def evaluate(
+        self,
+        recipe: Recipe,
+        state: TrainState,
+        frozen: hk.Params,
+        batches: Batches,
+        run_key: Key[Array, ""],
+        cfg: EvalConfig,
+    ) -> dict[str, float]:
+        """On fresh samples drawn inside the evaluation's program (`batches` is not read)."""
+        return evaluate_toy(recipe, as_toy(recipe.target), state, frozen, run_key, cfg)
+
+    def known(self, target: Target) -> KnownAnswer:
+        return toy_answer(as_toy(target))
+
+    def figure_batch(self, eval_batches: Batches) -> None:
+        return None
+
+    def sampler(self, target: Target, batch: int) -> Sampler:
+        return ToySampler(as_toy(target), batch)
+
+    def frozen_shapes(self, target: Target) -> PyTree[jax.ShapeDtypeStruct]:
+        return trained_shapes(as_toy(target))
 
 
-def _load_toy(cfg: ToyConfig, target: Target) -> TrainedTarget:
-    toy: ToyTarget = as_toy(target)
-    return load_or_train(cfg, toy)
+@dataclass(frozen=True)
+class LanguageModelKind(TargetKind):
+    """A Llama-style language model: loaded from a checkpoint or trained on the config's tokens;
+    batches are token windows drawn host-side by a Philox generator keyed `(seed, step)`."""
+
+    cfg: LlamaConfig
+
+    @property
+    def seq_len(self) -> int:
+        return self.cfg.seq_len
+
+    @property
+    def labels(self) -> Labels | None:
+        cfg = self.cfg
+        return (lambda ids: token_labels(cfg, ids)) if cfg.text else None
+
+    def build(self, C: int) -> Target:
+        return build_llama(self.cfg, C)
+
+    def check_inputs(self) -> None:
+        for held_out in (False, True):  # each part must hold a window
+            token_source(self.cfg, held_out).batch(0, 0, 1, self.cfg.seq_len)
+
+    def load_frozen(self, target: Target) -> TrainedTarget:
+        return load_llama(self.cfg, as_llama(target))
+
+    def batches(self, draw: Draw, held_out: bool = False) -> HostBatches:
+        tokens = token_source(self.cfg, held_out and bool(self.cfg.text))
+        seed, size, seq_len = draw.seed, draw.size, self.cfg.seq_len
+        return lambda step: tokens.batch(seed, step, size, seq_len)
+
+    def checkpoint_shapes(self, target: Target) -> PyTree[jax.ShapeDtypeStruct]:
+        shapes = jax.eval_shape(as_llama(target).init, jax.random.key(0))
+        in_bf16: PyTree[jax.ShapeDtypeStruct] = jax.tree.map(
+            lambda a: shape_dtype(a.shape, FROZEN_DTYPE), shapes
+        )
+        return in_bf16
+
+    def residual_width(self, target: Target) -> int:
+        return as_llama(target).arch.d_model
 
 
 @dataclass(frozen=True)
@@ -145,35 +281,56 @@ def _check_jittable(own: OwnTarget) -> None:
         )
 
 
-def _own_recorded(own: OwnTarget, config: RunConfig) -> RunConfig:
-    """The config a caller's target ran with: the target as one given in Python (`pd.load` asks
-    for it again) unless a factory names it, its sites' C where they share one (the config's is
-    not read), and the size of its batches in place of `train.batch` (nor is that)."""
-    target = config.target if isinstance(config.target, FactoryConfig) else FactoryConfig()
-    Cs = {site.C for site in own.target.table.sites}
-    C = Cs.pop() if len(Cs) == 1 else config.C
-    batch = int(np.shape(own.batches(0))[0])
-    train = dataclasses.replace(config.train, batch=batch)
-    return dataclasses.replace(config, target=target, C=C, train=train)
+@dataclass(frozen=True)
+class OwnKind(TargetKind):
+    """A caller's own target: nothing to build, load or train."""
 
+    own: OwnTarget
+    given_frozen = True
 
-def own_kind(own: OwnTarget) -> TargetKind:
-    """The kind of a caller's target: nothing to build, load or train."""
-    evaluation = own.eval_batches or own.batches
-    sampler = StepBatches(own.batches)  # one object: the run's programs are made for it once
-    return TargetKind(
-        build=lambda C: own.target,
-        seq_len=own.seq_len,
-        check_inputs=partial(_check_jittable, own),
-        load_frozen=lambda target: TrainedTarget.of(own.frozen, "given in Python"),
-        batches=lambda seed, batch, target, run_key: own.batches,
-        eval_batches=lambda seed, batch, target, run_key: evaluation,
-        evaluate=partial(evaluate_masks, known=own.known),
-        known=lambda target: own.known,
-        sampler=(lambda target, batch: sampler) if own.jittable else None,
-        frozen_shapes=(lambda target: jax.eval_shape(lambda: own.frozen)) if own.jittable else None,
-        recorded=partial(_own_recorded, own),
-    )
+    @property
+    def seq_len(self) -> int:
+        return self.own.seq_len
+
+    def build(self, C: int) -> Target:
+        return self.own.target
+
+    def check_inputs(self) -> None:
+        _check_jittable(self.own)
+
+    def load_frozen(self, target: Target) -> TrainedTarget:
+        return TrainedTarget.of(self.own.frozen, "given in Python")
+
+    def batches(self, draw: Draw, held_out: bool = False) -> HostBatches:
+        own = self.own
+        return (own.eval_batches or own.batches) if held_out else own.batches
+
+    def known(self, target: Target) -> KnownAnswer | None:
+        return self.own.known
+
+    @cached_property
+    def _step_batches(self) -> StepBatches:  # one object: the run's programs are made once
+        return StepBatches(self.own.batches)
+
+    def sampler(self, target: Target, batch: int) -> Sampler | None:
+        return self._step_batches if self.own.jittable else None
+
+    def frozen_shapes(self, target: Target) -> PyTree[jax.ShapeDtypeStruct] | None:
+        frozen = self.own.frozen
+        return jax.eval_shape(lambda: frozen) if self.own.jittable else None
+
+    def recorded(self, config: RunConfig) -> RunConfig:
+        """The config a caller's target ran with: the target as one given in Python (`pd.load`
+        asks for it again) unless a factory names it, its sites' C where they share one (the
+        config's is not read), and the size of its batches in place of `train.batch` (nor is
+        that)."""
+        own = self.own
+        target = config.target if isinstance(config.target, FactoryConfig) else FactoryConfig()
+        Cs = {site.C for site in own.target.table.sites}
+        C = Cs.pop() if len(Cs) == 1 else config.C
+        batch = int(np.shape(own.batches(0))[0])
+        train = dataclasses.replace(config.train, batch=batch)
+        return dataclasses.replace(config, target=target, C=C, train=train)
 
 
 def resolve_factory(cfg: FactoryConfig) -> OwnTarget:
@@ -211,38 +368,23 @@ def resolve_factory(cfg: FactoryConfig) -> OwnTarget:
 
 
 def kind_of(cfg: TargetConfig, own: OwnTarget | None = None) -> TargetKind:
-    """The one place that tells language models from toys and from a caller's own targets
-    (`own`, or the one `cfg` names by its factory)."""
+    """The kind of the configured target: a caller's own (`own`, or the one `cfg` names by its
+    factory), a language model or one of pd's toys."""
     if own is not None:
-        return own_kind(own)
+        return OwnKind(own)
     if isinstance(cfg, FactoryConfig):
-        return own_kind(resolve_factory(cfg))
+        return OwnKind(resolve_factory(cfg))
     if isinstance(cfg, LlamaConfig):
-        return TargetKind(
-            build=partial(build_llama, cfg),
-            seq_len=cfg.seq_len,
-            check_inputs=partial(_check_lm_inputs, cfg),
-            load_frozen=partial(load_llama, cfg),
-            batches=partial(_lm_batches, cfg, False),
-            eval_batches=partial(_lm_batches, cfg, bool(cfg.text)),
-            evaluate=evaluate_masks,
-            known=lambda target: None,
-            labels=partial(token_labels, cfg) if cfg.text else None,
-        )
-    return TargetKind(
-        build=cfg.build,
-        seq_len=0,
-        check_inputs=lambda: None,
-        load_frozen=partial(_load_toy, cfg),
-        batches=_toy_batches,
-        eval_batches=_toy_batches,
-        evaluate=lambda recipe, state, frozen, _, run_key, cfg: evaluate_toy(
-            recipe, state, frozen, run_key, cfg
-        ),
-        known=lambda target: toy_answer(as_toy(target)),
-        sampler=_toy_sampler,
-        frozen_shapes=lambda target: trained_shapes(as_toy(target)),
-    )
+        return LanguageModelKind(cfg)
+    return ToyKind(cfg)
+
+
+def reseeded(cfg: TargetConfig, seed: int) -> TargetConfig | None:
+    """The target of `cfg` made from `seed` (trained from it, or initialized for a loaded
+    checkpoint's config), or None where pd does not make the target (a factory's)."""
+    if isinstance(cfg, FactoryConfig):
+        return None
+    return dataclasses.replace(cfg, seed=seed)
 
 
 def placed(batches: HostBatches, mesh: Mesh | None) -> Batches:

@@ -6,9 +6,8 @@ from jax.sharding import Mesh
 
 from pd.ci import CIFunction, PerSiteCI
 from pd.ci.chunkwise import chunkwise_ci
-from pd.targets.llama import Llama
 from pd.train.config import ConfigError, RunConfig
-from pd.train.kinds import Batches, TargetKind, kind_of, placed
+from pd.train.kinds import Batches, Draw, TargetKind, kind_of, placed
 from pd.train.objective import Recipe
 
 
@@ -19,7 +18,7 @@ def make_recipe(config: RunConfig, kind: TargetKind | None = None) -> Recipe:
     try:
         target = kind.build(config.C)
         if config.ci_fn == "chunkwise_transformer":
-            if not isinstance(target, Llama):
+            if (width := kind.residual_width(target)) is None:
                 raise ConfigError(
                     "config key 'ci_fn' is 'chunkwise_transformer', which needs a language-model "
                     f"target, not '{config.target.kind}'"
@@ -27,7 +26,7 @@ def make_recipe(config: RunConfig, kind: TargetKind | None = None) -> Recipe:
             cw = config.chunkwise
             ci_fn: CIFunction = chunkwise_ci(
                 target.table,
-                target.arch.d_model,
+                width,
                 cw.layers_per_chunk,
                 cw.d_model,
                 cw.n_blocks,
@@ -52,6 +51,5 @@ def make_batches(
     """The global batch of a step, a pure function of `(seed, step)` (S18), placed on the mesh;
     with `evaluation`, of `eval.batch` examples from the held-out data where the target has it."""
     kind = kind or kind_of(config.target)
-    make = kind.eval_batches if evaluation else kind.batches
     size = config.eval.batch if evaluation else config.train.batch
-    return placed(make(config.seed, size, recipe.target, run_key), mesh)
+    return placed(kind.batches(Draw(config.seed, size, recipe.target, run_key), evaluation), mesh)

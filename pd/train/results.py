@@ -4,14 +4,63 @@ import json
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import haiku as hk
+from jaxtyping import Array, Key
+
 from pd.state import TrainState
+from pd.targets.base import Batch
 from pd.targets.train import TrainedTarget
 from pd.train import checkpoint
+from pd.train.config import EvalConfig
+from pd.train.kinds import Batches, TargetKind
+from pd.train.objective import Recipe
 
 # A run's evaluation: its summary, with the figures drawn into the folder given.
 Evaluation = Callable[[TrainState, Path], dict[str, float]]
+
+
+def evaluation(
+    kind: TargetKind,
+    recipe: Recipe,
+    cfg: EvalConfig,
+    frozen: hk.Params,
+    eval_batches: Batches,
+    run_key: Key[Array, ""],
+) -> Evaluation:
+    """The evaluation of a run (and of a sweep's member): the kind's summary and, with
+    `cfg.figures`, the figures (mostly Python) drawn on a thread beside it (mostly XLA)."""
+
+    def evaluate(state: TrainState, folder: Path) -> dict[str, float]:
+        def summary() -> dict[str, float]:
+            return kind.evaluate(recipe, state, frozen, eval_batches, run_key, cfg)
+
+        if not cfg.figures:
+            return summary()
+        x = kind.figure_batch(eval_batches)  # on this thread: a caller's need not be thread-safe
+        with ThreadPoolExecutor(1, thread_name_prefix="pd-figures") as pool:
+            drawn = pool.submit(_draw, kind, recipe, state, frozen, x, folder)
+            out = summary()
+        drawn.result()  # raises what drawing raised
+        return out
+
+    return evaluate
+
+
+def _draw(
+    kind: TargetKind,
+    recipe: Recipe,
+    state: TrainState,
+    frozen: hk.Params,
+    x: Batch | None,
+    folder: Path,
+) -> None:
+    """The figures into `folder` (`pd.train.figures`, matplotlib imported here)."""
+    from pd.train.figures import write_figures
+
+    write_figures(recipe, state, frozen, x, folder, kind.labels, kind.known(recipe.target))
 
 
 def write_results(

@@ -3,7 +3,7 @@
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -25,14 +25,13 @@ from pd.targets.train import TrainedTarget
 from pd.train.ahead import Ahead
 from pd.train.config import ConfigError, RunConfig
 from pd.train.decomposition import Decomposition
-from pd.train.evaluate import figure_batch
 from pd.train.finite import Diverged, check_finite, divergence, save_finite
 from pd.train.init_state import abstract_state, init_train_state, state_shardings
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
 from pd.train.loop import OnRow, Stepper, metric_sinks, train_loop
 from pd.train.objective import Metrics, Recipe, flat_metrics
 from pd.train.recipe import make_batches, make_recipe
-from pd.train.results import Evaluation, summary_table, write_results
+from pd.train.results import Evaluation, evaluation, summary_table, write_results
 from pd.train.resume import Checkpoints
 from pd.train.rundir import (
     CHECKPOINTS,
@@ -187,9 +186,8 @@ def _plan(
     if resume:
         check_same_config(partial_dir(run_dir) / "config.json", config)
     _use_compile_cache(config)
-    sample = None  # on a mesh, batches are placed from the host
-    if kind.sampler is not None and mesh is None:
-        sample = kind.sampler(recipe.target, config.train.batch)
+    # On a mesh, batches are placed from the host.
+    sample = kind.sampler(recipe.target, config.train.batch) if mesh is None else None
     keys = key_tree(config.seed)
     return _Plan(config, run_dir, resume, kind, recipe, mesh, shardings, *keys, sample)
 
@@ -210,8 +208,9 @@ def _start_early(plan: _Plan, ahead: Ahead) -> Future[TrainState] | None:
     if plan.mesh is not None or plan.resume:
         return None
     fresh = ahead.initialize(plan.init_key, plan.src_key)
-    if plan.sample is not None and plan.kind.frozen_shapes is not None:
-        ahead.start(plan.kind.frozen_shapes(plan.recipe.target), None, restored=False)
+    shapes = plan.kind.frozen_shapes(plan.recipe.target)
+    if plan.sample is not None and shapes is not None:
+        ahead.start(shapes, None, restored=False)
     return fresh
 
 
@@ -323,37 +322,7 @@ def _evaluation(plan: _Plan, frozen: hk.Params) -> Evaluation:
     """The run's evaluation: its summary, with the figures drawn into the folder given."""
     config, recipe, kind, run_key = plan.config, plan.recipe, plan.kind, plan.run_key
     eval_batches = make_batches(config, recipe, run_key, plan.mesh, True, kind)
-
-    def evaluation(state: TrainState, folder: Path) -> dict[str, float]:
-        def evaluate() -> dict[str, float]:
-            return kind.evaluate(recipe, state, frozen, eval_batches, run_key, config.eval)
-
-        if not config.eval.figures:
-            return evaluate()
-        # The figures (mostly Python) on a thread beside the evaluation (mostly XLA). Their
-        # batch drawn on this thread: a caller's need not be thread-safe.
-        x = figure_batch(recipe, eval_batches)
-        with ThreadPoolExecutor(1, thread_name_prefix="pd-figures") as pool:
-            drawn = pool.submit(_draw, recipe, state, frozen, x, folder, kind)
-            summary = evaluate()
-        drawn.result()  # raises what drawing raised
-        return summary
-
-    return evaluation
-
-
-def _draw(
-    recipe: Recipe,
-    state: TrainState,
-    frozen: hk.Params,
-    x: Batch | None,
-    folder: Path,
-    kind: TargetKind,
-) -> None:
-    """The run's figures into `folder` (`pd.train.figures`, matplotlib imported here)."""
-    from pd.train.figures import write_figures
-
-    write_figures(recipe, state, frozen, x, folder, kind.labels, kind.known(recipe.target))
+    return evaluation(kind, recipe, config.eval, frozen, eval_batches, run_key)
 
 
 def _warmed_up(recipe: Recipe, state: TrainState, frozen: hk.Params) -> TrainState:

@@ -17,11 +17,11 @@ from pd.state import TrainState
 from pd.targets.base import Batch
 from pd.targets.configs import TargetConfig
 from pd.targets.train import TrainedTarget
-from pd.train.evaluate import figure_batch
 from pd.train.finite import divergence
 from pd.train.loop import Stepper, metric_sinks, train_loop
 from pd.train.objective import Metrics, flat_metrics
 from pd.train.recipe import make_batches
+from pd.train.results import evaluation
 from pd.train.rundir import write_config
 from pd.train.sinks import MetricSinks
 from pd.train.sweep.programs import MEMBERS, SHARED, Group, Programs, stacked_keys
@@ -103,13 +103,7 @@ class Chunk:
         config, kind, recipe = self.members[i].config, self.kinds[i], self.group.recipe
         frozen, run_key = self.trained[i].params, self.host_run_keys[i]
         eval_batches = make_batches(config, recipe, run_key, None, True, kind)
-        summary = kind.evaluate(recipe, state, frozen, eval_batches, run_key, config.eval)
-        if config.eval.figures:
-            from pd.train.figures import write_figures  # matplotlib when drawing
-
-            x, known = figure_batch(recipe, eval_batches), kind.known(recipe.target)
-            write_figures(recipe, state, frozen, x, folder, kind.labels, known)
-        return summary
+        return evaluation(kind, recipe, config.eval, frozen, eval_batches, run_key)(state, folder)
 
     @property
     def label(self) -> str:

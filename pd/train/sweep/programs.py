@@ -17,11 +17,11 @@ from jaxtyping import Array, Key
 from pd.init import key_tree
 from pd.state import TrainState
 from pd.targets.base import Batch
-from pd.targets.configs import FactoryConfig, TargetConfig
+from pd.targets.configs import TargetConfig
 from pd.train.ahead import compile_for, shape_dtype
 from pd.train.config import ConfigError, RunConfig
 from pd.train.init_state import initial_state
-from pd.train.kinds import TargetKind, kind_of
+from pd.train.kinds import TargetKind, kind_of, reseeded
 from pd.train.objective import Metrics, Recipe, state_monitors
 from pd.train.recipe import make_recipe
 from pd.train.step import Sampler, faith_warmup, step_fn, steps_fn
@@ -45,15 +45,12 @@ class Group:
     def sampler(self) -> Sampler | None:
         """Where the program draws the members' batches (toys: S18); else they come from the
         host."""
-        sampler = self.kinds[0].sampler
-        return None if sampler is None else sampler(self.recipe.target, self.recipe.train.batch)
+        return self.kinds[0].sampler(self.recipe.target, self.recipe.train.batch)
 
 
 def static_config(config: RunConfig) -> RunConfig:
     """What the members of one group share: the config without its name and seeds."""
-    target = config.target
-    if not isinstance(target, FactoryConfig):
-        target = dataclasses.replace(target, seed=0)
+    target = reseeded(config.target, 0) or config.target
     return dataclasses.replace(config, name="run", seed=0, target=target)
 
 
@@ -183,8 +180,8 @@ def compile_ahead(
     on_members = NamedSharding(mesh, MEMBERS)
     init, src, run = jax.device_put(stacked_keys(seeds), on_members)
     futures = [pool.submit(compile_for, programs.init, init, src)]
-    frozen_shapes = group.kinds[0].frozen_shapes
-    if frozen_shapes is None:
+    frozen = group.kinds[0].frozen_shapes(group.recipe.target)
+    if frozen is None:
         return futures
 
     def placed(shape: jax.ShapeDtypeStruct, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
@@ -192,7 +189,6 @@ def compile_ahead(
 
     # The program's outputs are placed along the member axis (`per_member`'s out_specs).
     state = jax.tree.map(lambda a: placed(a, on_members), jax.eval_shape(programs.init, init, src))
-    frozen = frozen_shapes(group.recipe.target)
     if stacked_frozen:
         n = len(seeds)
         frozen = jax.tree.map(

@@ -10,8 +10,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pd.targets.configs import FactoryConfig
 from pd.train.config import ConfigError, RunConfig, apply_override, from_dict, load_raw
+from pd.train.kinds import reseeded
 
 
 @dataclass(frozen=True)
@@ -66,16 +66,14 @@ def seed_sweep(
     """`config` once per seed; with `vary_target_seed` each member's target has that seed too.
     Members are named `seed-S`, under `label/` when given (one point of a grid)."""
     target = config.target
-    if vary_target_seed and isinstance(target, FactoryConfig):
+    if vary_target_seed and reseeded(target, 0) is None:
         raise ConfigError(
             "--vary-target-seed needs a target pd trains or loads itself (tms, resid_mlp, "
             "llama), not one made by a factory"
         )
     members = []
     for seed in seeds:
-        member_target = target
-        if vary_target_seed and not isinstance(target, FactoryConfig):
-            member_target = dataclasses.replace(target, seed=seed)
+        member_target = (reseeded(target, seed) if vary_target_seed else None) or target
         name = f"seed-{seed}" if not label else f"{label}/seed-{seed}"
         run_name = f"{config.name}-{name.replace('/', '-').replace('=', '-')}"
         run_name = re.sub(r"[^A-Za-z0-9._-]", "_", run_name)
