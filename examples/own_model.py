@@ -20,7 +20,7 @@ import optax
 from jaxtyping import Array, Float
 
 import pd
-from pd.targets.haiku import haiku_target
+from pd.targets.haiku_model import haiku_target
 from pd.train import OwnTarget, RunConfig, run
 from pd.train.run import summary_table
 

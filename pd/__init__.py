@@ -11,7 +11,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pd.targets.haiku import haiku_target
+    from pd.targets.haiku_model import haiku_target
     from pd.train.config import RunConfig, load_config
     from pd.train.decomposition import Decomposition, load
     from pd.train.evaluate import KnownAnswer
@@ -31,7 +31,7 @@ _HOME = {
     "KnownAnswer": "pd.train.evaluate",
     "sweep": "pd.train.sweep",
     "SweepSpec": "pd.train.sweep",
-    "haiku_target": "pd.targets.haiku",
+    "haiku_target": "pd.targets.haiku_model",
 }
 
 

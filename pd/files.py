@@ -1,5 +1,5 @@
 """Files written whole and files hashed in chunks: what the target cache (`pd.targets.train`)
-and the run folder's checkpoints (`pd.train.checkpoint`) share. Imports nothing of pd."""
+and the run folder's checkpoints (`pd.train.arrays`) share. Imports nothing of pd."""
 
 import hashlib
 import os

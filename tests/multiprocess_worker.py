@@ -1,7 +1,7 @@
 """One worker of the multi-process test: sharded init and one train step of a tiny ResidMLP
 whose every trained leaf (V/U, CI weights, their Adam moments) is split over both processes,
 then the state saved with orbax from every process, restored and compared, and the
-decomposition written by `pd.train.checkpoint.save`.
+decomposition written by `pd.train.arrays.save`.
 
 python tests/multiprocess_worker.py OUT.npz PROCESS_ID NUM_PROCESSES PORT DEVICES_PER_PROCESS
 
@@ -29,12 +29,12 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
     from pd.init import key_tree
     from pd.shard import global_batch, initialize_distributed
     from pd.shard.state import frozen_shardings
-    from pd.train.checkpoint import host_arrays
-    from pd.train.checkpoint import save as save_decomposition
+    from pd.train.arrays import host_arrays
+    from pd.train.arrays import save as save_decomposition
+    from pd.train.checkpoints import Checkpoints
     from pd.train.config import load_config
     from pd.train.init_state import abstract_state, init_train_state, state_shardings
     from pd.train.kinds import as_toy
-    from pd.train.resume import Checkpoints
     from pd.train.run import make_recipe
     from pd.train.step import make_sampler, make_train_step
 

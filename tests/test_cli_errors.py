@@ -18,7 +18,7 @@ from test_gguf_loader import write_gguf
 from test_hf_loader import hf_config, hf_weights
 from test_own_target import mlp, sparse
 
-from pd.targets.haiku import haiku_target
+from pd.targets.haiku_model import haiku_target
 from pd.train import OwnTarget, load_config, run
 from pd.train.__main__ import main
 from pd.train.run import Diverged

@@ -1,4 +1,4 @@
-"""A user's own haiku model as a Target (`pd.targets.haiku`): sites by module-name patterns,
+"""A user's own haiku model as a Target (`pd.targets.haiku_model`): sites by module-name patterns,
 intercepted `hk.Linear` calls, one site per layer inside `hk.layer_stack` (S2–S4)."""
 
 from collections.abc import Callable
@@ -14,7 +14,7 @@ from pd.decompose import FROZEN, Constant, Sites, decomposed_hook, layer_sites
 from pd.init import init_vu
 from pd.sites import input_tap
 from pd.targets.base import Target
-from pd.targets.haiku import HaikuTarget, haiku_target
+from pd.targets.haiku_model import HaikuTarget, haiku_target
 
 Fn = Callable[[Array], Array]
 

@@ -57,10 +57,10 @@ def test_two_processes_match_one(tmp_path: Path) -> None:
             np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-7)
 
     # The checkpoint the two processes wrote, restored in this one process on one device.
-    from pd.train import checkpoint
+    from pd.train import arrays
+    from pd.train.checkpoints import Checkpoints
     from pd.train.config import load_config
     from pd.train.init_state import abstract_state
-    from pd.train.resume import Checkpoints
     from pd.train.run import make_recipe
 
     recipe = make_recipe(load_config("resid_mlp1", _overrides()))
@@ -76,5 +76,5 @@ def test_two_processes_match_one(tmp_path: Path) -> None:
             np.testing.assert_array_equal(leaf, b[f"state{jax.tree_util.keystr(path)}"])
     # The decomposition file process 0 wrote from the gathered arrays.
     decomposition = two.with_suffix(".decomposition.npz")
-    trained = checkpoint.load(decomposition, (like.components, like.ci_params))
+    trained = arrays.load(decomposition, (like.components, like.ci_params))
     jax.tree.map(np.testing.assert_array_equal, trained, (state.components, state.ci_params))

@@ -16,7 +16,7 @@ from jaxtyping import Array, Float
 import pd
 from pd.init import key_tree
 from pd.targets.configs import TMSConfig
-from pd.targets.haiku import haiku_target
+from pd.targets.haiku_model import haiku_target
 from pd.targets.train import load_or_train
 from pd.train import KnownAnswer, OwnTarget, load_config, run
 from pd.train.config import ConfigError

@@ -26,7 +26,7 @@ def test_import_pd_is_cheap() -> None:
         ("RunConfig", "pd.train.config"),
         ("load_config", "pd.train.config"),
         ("OwnTarget", "pd.train.kinds"),
-        ("haiku_target", "pd.targets.haiku"),
+        ("haiku_target", "pd.targets.haiku_model"),
         ("KnownAnswer", "pd.train.evaluate"),
     ],
 )

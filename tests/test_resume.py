@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from pd.state import TrainState
 from pd.train import RunResult, load_config, run
+from pd.train.checkpoints import CheckpointDamaged, CheckpointMismatch, Checkpoints, damage
 from pd.train.config import ConfigError
 from pd.train.objective import Metrics
-from pd.train.resume import CheckpointDamaged, CheckpointMismatch, Checkpoints, damage
 from pd.train.rundir import CHECKPOINTS, SEAL, checkpoint_steps, partial_dir
 from pd.train.signals import Terminated
 from pd.train.step import StepFn, StepsFn
@@ -234,7 +234,7 @@ def test_resume_skips_a_damaged_checkpoint_and_ends_bit_identical(
     content = bytearray(data.read_bytes())
     content[len(content) // 2] ^= 0x01  # one bit in the middle of the largest data file
     data.write_bytes(bytes(content))
-    with caplog.at_level(logging.INFO, logger="pd.train.resume"):
+    with caplog.at_level(logging.INFO, logger="pd.train.checkpoints"):
         resumed = run(uninterrupted.config, out, resume=True)
     assert f"the checkpoint of step {steps[-1]} is damaged" in caplog.text
     assert "resumed from the checkpoint of step 25" in caplog.text

@@ -15,7 +15,7 @@ import pd
 from pd.init import init_vu, key_tree
 from pd.targets.tms import TMS
 from pd.targets.train import trained_shapes
-from pd.train import checkpoint, load_config, run
+from pd.train import arrays, load_config, run
 from pd.train.init_state import init_train_state
 from pd.train.kinds import as_toy
 from pd.train.run import RunResult, make_recipe
@@ -133,7 +133,7 @@ def test_load_refuses_a_corrupt_checkpoint(tiny_run: RunResult, tmp_path: Path, 
 def test_the_run_folder_holds_its_frozen_target(tiny_run: RunResult, tmp_path: Path) -> None:
     # The copy in the folder is the target V/U were fitted to: pd.load needs no cache.
     loaded = pd.load(tiny_run.run_dir)
-    assert checkpoint.fingerprint(loaded.frozen) == checkpoint.fingerprint(tiny_run.frozen)
+    assert arrays.fingerprint(loaded.frozen) == arrays.fingerprint(tiny_run.frozen)
     # Without the copy, the target is rebuilt and must match the recorded fingerprint.
     moved = tmp_path / "moved"
     shutil.copytree(tiny_run.run_dir, moved)

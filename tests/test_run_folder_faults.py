@@ -33,8 +33,8 @@ from test_cli_errors import _fails
 
 from pd.state import TrainState
 from pd.train.__main__ import main
+from pd.train.checkpoints import Checkpoints
 from pd.train.config import ConfigError
-from pd.train.resume import Checkpoints
 from pd.train.rundir import (
     MARKER,
     FolderError,
@@ -230,7 +230,7 @@ def test_a_disk_that_fills_after_the_first_checkpoint_keeps_the_run_for_resume(
         monkeypatch.setattr(Checkpoints, "save", filling)
         if where == "orbax-writes":
             room = SimpleNamespace(disk_usage=lambda path: SimpleNamespace(free=1 << 40))
-            monkeypatch.setattr(sys.modules["pd.train.resume"], "shutil", room)
+            monkeypatch.setattr(sys.modules["pd.train.checkpoints"], "shutil", room)
         code, err = _train(run_dir, capfd)
     assert saves == [100, 200]
     assert _assert_refused_for_space(code, err, run_dir) == [100]
@@ -413,7 +413,7 @@ def test_a_partial_folder_removed_under_the_run_stops_it(
     a rerun works."""
     run_dir = tmp_path / "run"
     partial = partial_dir(run_dir)
-    run_module, resume_module = sys.modules["pd.train.run"], sys.modules["pd.train.resume"]
+    run_module, resume_module = sys.modules["pd.train.run"], sys.modules["pd.train.checkpoints"]
     check, save, seal = run_module.check_intact, Checkpoints.save, resume_module.seal
     write_results = run_module.write_results
     made: list[Checkpoints] = []

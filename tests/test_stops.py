@@ -17,7 +17,7 @@ from test_resume import TMS, Out, assert_same_run, sigterm_at
 
 from pd.state import TrainState
 from pd.train import RunResult, load_config, run
-from pd.train.resume import Checkpoints
+from pd.train.checkpoints import Checkpoints
 from pd.train.run import Diverged
 from pd.train.rundir import CHECKPOINTS, checkpoint_steps, diverged_dir, partial_dir
 from pd.train.signals import Terminated
@@ -70,7 +70,7 @@ def signals_while_sealing(
     """While the first stop's checkpoint is sealed, signals are sent from the sealing thread (as
     a user pressing Ctrl-C again): yields the list of signals to send and an event that the
     sealing waits for (up to 20 s) once they are sent."""
-    module = sys.modules["pd.train.resume"]
+    module = sys.modules["pd.train.checkpoints"]
     seal = module.seal
     send: list[int] = []
     release = threading.Event()

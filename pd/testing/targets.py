@@ -1,6 +1,6 @@
-"""Small decomposable targets for tests: a haiku MLP (through `pd.targets.haiku`) and TMS, each
-with its frozen parameters and a reference forward written without pd, and `tiny_target()`, a
-ready `OwnTarget` for `pd.train.run`."""
+"""Small decomposable targets for tests: a haiku MLP (through `pd.targets.haiku_model`) and
+TMS, each with its frozen parameters and a reference forward written without pd, and
+`tiny_target()`, a ready `OwnTarget` for `pd.train.run`."""
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -13,7 +13,7 @@ from jaxtyping import Array, Float, Int
 
 from pd.targets.base import Target
 from pd.targets.configs import TMSConfig
-from pd.targets.haiku import haiku_target
+from pd.targets.haiku_model import haiku_target
 from pd.train.kinds import OwnTarget
 
 Reference = Callable[[hk.Params, Float[Array, "B d_in"]], Float[Array, "B d_out"]]

@@ -21,7 +21,7 @@ from pd.decompose import FROZEN, Constant, Sites, decomposed_hook, layer_sites
 from pd.init import init_vu, key_tree
 from pd.state import Components
 from pd.targets.base import Batch, Output, Target
-from pd.train import checkpoint
+from pd.train import arrays
 from pd.train.config import ConfigError, RunConfig, from_dict
 from pd.train.evaluate import EVAL_FOLD, KnownAnswer
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
@@ -219,10 +219,10 @@ def load(run_dir: str | Path, own: OwnTarget | None = None) -> Decomposition:
         raise ConfigError(f"config file '{config_path}' is not valid JSON ({err})") from None
     kind = kind_of(config.target, own)
     recipe = make_recipe(config, kind)
-    recorded, frozen = checkpoint.load_frozen(run_dir / "frozen.npz")
+    recorded, frozen = arrays.load_frozen(run_dir / "frozen.npz")
     if frozen is None or kind.given_frozen:  # a caller's target: compare
         frozen = kind.load_frozen(recipe.target).params
-    found = checkpoint.fingerprint(frozen)
+    found = arrays.fingerprint(frozen)
     if found != recorded:
         raise ValueError(
             f"the target's frozen weights (sha256 {found[:12]}) are not the ones run folder "
@@ -232,7 +232,7 @@ def load(run_dir: str | Path, own: OwnTarget | None = None) -> Decomposition:
     like = jax.eval_shape(
         lambda: (init_vu(jax.random.key(0), recipe.table), recipe.ci_fn.init(jax.random.key(0)))
     )
-    components, ci_params = checkpoint.load(run_dir / "decomposition.npz", like)
+    components, ci_params = arrays.load(run_dir / "decomposition.npz", like)
     return Decomposition(config, recipe, kind, frozen, components, ci_params)
 
 

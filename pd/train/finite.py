@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from pd.state import TrainState
-from pd.train.resume import Checkpoints
+from pd.train.checkpoints import Checkpoints
 
 
 class Diverged(RuntimeError):

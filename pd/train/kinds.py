@@ -226,7 +226,7 @@ class LanguageModelKind(TargetKind):
 
 @dataclass(frozen=True)
 class OwnTarget:
-    """A target of the caller's own, for `run`: any Target (`pd.targets.haiku.haiku_target`
+    """A target of the caller's own, for `run`: any Target (`pd.targets.haiku_model.haiku_target`
     makes one from a haiku model), its frozen parameters and its batches. `batches(step)` must be
     a pure function of the step (S18); the evaluation reads steps counting down from
     `EVAL_FOLD` of `eval_batches` (default: `batches`). `seq_len` fixes the shape of

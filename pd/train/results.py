@@ -13,7 +13,7 @@ from jaxtyping import Array, Key
 from pd.state import TrainState
 from pd.targets.base import Batch
 from pd.targets.train import TrainedTarget
-from pd.train import checkpoint
+from pd.train import arrays
 from pd.train.config import EvalConfig
 from pd.train.kinds import Batches, TargetKind
 from pd.train.objective import Recipe
@@ -73,8 +73,8 @@ def write_results(
     """What a trained run leaves in its folder: `decomposition.npz`, the frozen target
     (`frozen.*`), the evaluation's figures and `summary.json` (with the target's training and
     the seconds since `t0`); returns the summary."""
-    checkpoint.save(folder / "decomposition.npz", (state.components, state.ci_params))
-    checkpoint.save_frozen(folder / "frozen.npz", trained.params)
+    arrays.save(folder / "decomposition.npz", (state.components, state.ci_params))
+    arrays.save_frozen(folder / "frozen.npz", trained.params)
     summary = evaluation(state, folder)
     summary["target/attempt"] = float(trained.attempt)
     if math.isfinite(trained.loss):  # a loaded checkpoint has no training loss

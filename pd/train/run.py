@@ -23,6 +23,7 @@ from pd.targets.base import Batch
 from pd.targets.hf import CheckpointError
 from pd.targets.train import TrainedTarget
 from pd.train.ahead import Ahead
+from pd.train.checkpoints import Checkpoints
 from pd.train.config import ConfigError, RunConfig
 from pd.train.decomposition import Decomposition
 from pd.train.finite import Diverged, check_finite, divergence, save_finite
@@ -32,7 +33,6 @@ from pd.train.loop import OnRow, Stepper, metric_sinks, train_loop
 from pd.train.objective import Metrics, Recipe, flat_metrics
 from pd.train.recipe import make_batches, make_recipe
 from pd.train.results import Evaluation, evaluation, summary_table, write_results
-from pd.train.resume import Checkpoints
 from pd.train.rundir import (
     CHECKPOINTS,
     check_destination,

@@ -57,7 +57,7 @@ _OLD = "old-" + "0" * 8  # the widest sibling name: the replaced run, while the 
 
 def sealed_steps(folder: Path) -> list[int]:
     """The steps of the checkpoints in a checkpoints folder that were completely written: orbax
-    names each by its step once written, and pd seals it after (`pd.train.resume`)."""
+    names each by its step once written, and pd seals it after (`pd.train.checkpoints`)."""
     if not folder.is_dir():
         return []
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / SEAL).exists())

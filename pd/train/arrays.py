@@ -96,7 +96,7 @@ def host_arrays(tree: PyTree) -> PyTree[np.ndarray]:
 def _written(path: Path) -> None:
     """Every process waits here until process 0 has written `path`."""
     if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(f"pd.train.checkpoint wrote {path.name}")
+        multihost_utils.sync_global_devices(f"pd.train.arrays wrote {path.name}")
 
 
 def save(path: Path, trained: Trained) -> None:
