@@ -25,8 +25,9 @@ from pd.state import TrainState
 from pd.train import RunResult, load_config, run
 from pd.train.checkpoints import CheckpointDamaged, CheckpointMismatch, Checkpoints, damage
 from pd.train.config import ConfigError
+from pd.train.folder import RunFolder
 from pd.train.objective import Metrics
-from pd.train.rundir import CHECKPOINTS, SEAL, checkpoint_steps, partial_dir
+from pd.train.rundir import SEAL, checkpoint_steps, partial_dir
 from pd.train.signals import Terminated
 from pd.train.step import StepFn, StepsFn
 
@@ -174,7 +175,7 @@ def _files(folder: Path) -> list[Path]:
 @given(data=st.data())
 def test_a_bit_flip_in_any_checkpoint_file_is_detected(stopped: Path, data: st.DataObject) -> None:
     """Every file of a checkpoint (data, orbax's metadata, manifests) is under its seal."""
-    folder = stopped / CHECKPOINTS / str(checkpoint_steps(stopped)[-1])
+    folder = RunFolder(stopped).checkpoints / str(checkpoint_steps(stopped)[-1])
     assert damage(folder) is None
     path = data.draw(st.sampled_from(_files(folder)), label="file")
     content = bytearray(path.read_bytes())
@@ -217,7 +218,9 @@ def test_a_damaged_checkpoint_is_named_by_what_is_wrong(
     stopped: Path, tmp_path: Path, harm: Callable[[Path], None]
 ) -> None:
     folder = _copy(stopped, tmp_path)
-    newest = partial_dir(folder) / CHECKPOINTS / str(checkpoint_steps(partial_dir(folder))[-1])
+    newest = RunFolder(partial_dir(folder)).checkpoints / str(
+        checkpoint_steps(partial_dir(folder))[-1]
+    )
     harm(newest)
     what = damage(newest)
     assert what is not None and what.startswith("it")
@@ -229,7 +232,7 @@ def test_resume_skips_a_damaged_checkpoint_and_ends_bit_identical(
 ) -> None:
     out = _copy(stopped, tmp_path)
     steps = checkpoint_steps(partial_dir(out))
-    newest = partial_dir(out) / CHECKPOINTS / str(steps[-1])
+    newest = RunFolder(partial_dir(out)).checkpoints / str(steps[-1])
     data = max(_files(newest / "default"), key=lambda p: p.stat().st_size)
     content = bytearray(data.read_bytes())
     content[len(content) // 2] ^= 0x01  # one bit in the middle of the largest data file
@@ -246,7 +249,7 @@ def test_a_run_whose_checkpoints_are_all_damaged_is_one_sentence(
 ) -> None:
     out = _copy(stopped, tmp_path)
     for step in checkpoint_steps(partial_dir(out)):
-        _garble_metadata(partial_dir(out) / CHECKPOINTS / str(step))
+        _garble_metadata(RunFolder(partial_dir(out)).checkpoints / str(step))
     with pytest.raises(CheckpointDamaged) as raised:
         run(uninterrupted.config, out, resume=True)
     message = str(raised.value)

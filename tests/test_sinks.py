@@ -16,7 +16,8 @@ import wandb
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from wandb.proto import wandb_internal_pb2
 
-from pd.train.sinks import METRICS_FILE, TENSORBOARD_DIR, MetricSinks, WandbMode, in_notebook
+from pd.train.folder import RunFolder
+from pd.train.sinks import MetricSinks, WandbMode, in_notebook
 
 
 def _row(step: int) -> dict[str, float]:
@@ -70,7 +71,7 @@ def test_rows_are_strict_json_with_wall_time_and_speed(tmp_path: Path) -> None:
         assert _train(sinks, 0, 20) == [0, 5, 10, 15, 19]
         with pytest.raises(ValueError, match="Out of range float"):
             sinks.log(20, {"loss/total": float("nan")})
-    rows = _strict((tmp_path / METRICS_FILE).read_text())
+    rows = _strict(RunFolder(tmp_path).metrics.read_text())
     assert [r["step"] for r in rows] == [0, 5, 10, 15, 19]
     assert all(r["loss/total"] == _row(int(r["step"]))["loss/total"] for r in rows)
     walls = [r["time/wall_s"] for r in rows]
@@ -93,7 +94,7 @@ def test_cadence_logs_and_evaluates_every_interval_and_the_last_step(tmp_path: P
 
 
 def _scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
-    events = EventAccumulator(str(run_dir / TENSORBOARD_DIR))
+    events = EventAccumulator(str(RunFolder(run_dir).tensorboard))
     events.Reload()
     return [(e.step, e.value) for e in events.Scalars(tag)]
 
@@ -101,9 +102,9 @@ def _scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
 def test_tensorboard_events_hold_every_key_as_a_scalar_curve(tmp_path: Path) -> None:
     with _sinks(tmp_path, tensorboard=True) as sinks:
         _train(sinks, 0, 20)
-    events = EventAccumulator(str(tmp_path / TENSORBOARD_DIR))
+    events = EventAccumulator(str(RunFolder(tmp_path).tensorboard))
     events.Reload()
-    rows = _strict((tmp_path / METRICS_FILE).read_text())
+    rows = _strict(RunFolder(tmp_path).metrics.read_text())
     assert set(events.Tags()["scalars"]) == set(rows[0]) - {"step"}
     for key in ("loss/total", "ci_l0/linear1", "time/wall_s"):
         curve = [(e.step, e.value) for e in events.Scalars(key)]
@@ -115,12 +116,12 @@ def test_tensorboard_events_hold_every_key_as_a_scalar_curve(tmp_path: Path) -> 
 def test_a_resumed_run_keeps_earlier_rows_and_appends(tmp_path: Path) -> None:
     with _sinks(tmp_path, tensorboard=True) as sinks:
         _train(sinks, 0, 12)  # rows 0, 5, 10; then the run stops, mid-write
-    with (tmp_path / METRICS_FILE).open("a") as out:
+    with RunFolder(tmp_path).metrics.open("a") as out:
         out.write('{"step": 11, "loss/to')
-    first = _strict((tmp_path / METRICS_FILE).read_text().rsplit("\n", 1)[0])
+    first = _strict(RunFolder(tmp_path).metrics.read_text().rsplit("\n", 1)[0])
     with _sinks(tmp_path, start=8, tensorboard=True) as sinks:  # the checkpoint of step 7
         assert _train(sinks, 8, 20) == [10, 15, 19]
-    rows = _strict((tmp_path / METRICS_FILE).read_text())
+    rows = _strict(RunFolder(tmp_path).metrics.read_text())
     assert [r["step"] for r in rows] == [0, 5, 10, 15, 19]
     assert rows[:2] == first[:2]
     assert rows[2]["time/wall_s"] >= first[1]["time/wall_s"]  # the clock goes on

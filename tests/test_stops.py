@@ -18,8 +18,9 @@ from test_resume import TMS, Out, assert_same_run, sigterm_at
 from pd.state import TrainState
 from pd.train import RunResult, load_config, run
 from pd.train.checkpoints import Checkpoints
+from pd.train.folder import RunFolder
 from pd.train.run import Diverged
-from pd.train.rundir import CHECKPOINTS, checkpoint_steps, diverged_dir, partial_dir
+from pd.train.rundir import checkpoint_steps, diverged_dir, partial_dir
 from pd.train.signals import Terminated
 from pd.train.step import StepsFn
 
@@ -102,7 +103,7 @@ def test_a_second_signal_waits_for_the_checkpoint_being_written(
         run(uninterrupted.config, out)
     steps = checkpoint_steps(partial_dir(out))
     assert steps == [25, ends[0]]  # the write finished and was sealed; two kept, as configured
-    assert sorted(p.name for p in (partial_dir(out) / CHECKPOINTS).iterdir()) == sorted(
+    assert sorted(p.name for p in (RunFolder(partial_dir(out)).checkpoints).iterdir()) == sorted(
         map(str, steps)
     )
     assert_same_run(uninterrupted, run(uninterrupted.config, out, resume=True))

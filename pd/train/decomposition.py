@@ -24,10 +24,11 @@ from pd.targets.base import Batch, Output, Target
 from pd.train import arrays
 from pd.train.config import ConfigError, RunConfig, from_dict
 from pd.train.evaluate import EVAL_FOLD, KnownAnswer
+from pd.train.folder import RunFolder
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
 from pd.train.objective import Recipe
 from pd.train.recipe import make_batches, make_recipe
-from pd.train.rundir import CHECKPOINTS, checkpoint_steps, partial_dir
+from pd.train.rundir import checkpoint_steps, partial_dir
 
 typechecked = jaxtyped(typechecker=beartype)  # the shapes of public signatures, at call time
 # Inputs and masks may be jax or numpy arrays (converted with jnp.asarray). A mask's axes are
@@ -208,7 +209,8 @@ def load(run_dir: str | Path, own: OwnTarget | None = None) -> Decomposition:
     to `run(own=...)` in Python must be given again as `own`."""
     run_dir = Path(run_dir)
     _check_finished(run_dir)
-    config_path = run_dir / "config.json"
+    folder = RunFolder(run_dir)
+    config_path = folder.config
     if not config_path.exists():
         raise FileNotFoundError(
             f"run folder '{run_dir}' has no config.json, expected a pd run folder"
@@ -219,7 +221,7 @@ def load(run_dir: str | Path, own: OwnTarget | None = None) -> Decomposition:
         raise ConfigError(f"config file '{config_path}' is not valid JSON ({err})") from None
     kind = kind_of(config.target, own)
     recipe = make_recipe(config, kind)
-    recorded, frozen = arrays.load_frozen(run_dir / "frozen.npz")
+    recorded, frozen = arrays.load_frozen(folder.frozen)
     if frozen is None or kind.given_frozen:  # a caller's target: compare
         frozen = kind.load_frozen(recipe.target).params
     found = arrays.fingerprint(frozen)
@@ -232,7 +234,7 @@ def load(run_dir: str | Path, own: OwnTarget | None = None) -> Decomposition:
     like = jax.eval_shape(
         lambda: (init_vu(jax.random.key(0), recipe.table), recipe.ci_fn.init(jax.random.key(0)))
     )
-    components, ci_params = arrays.load(run_dir / "decomposition.npz", like)
+    components, ci_params = arrays.load(folder.decomposition, like)
     return Decomposition(config, recipe, kind, frozen, components, ci_params)
 
 
@@ -242,7 +244,7 @@ def _check_finished(run_dir: Path) -> None:
     a run folder whose run has only its partial folder so far."""
     if run_dir.name.startswith(".") and run_dir.name.endswith(PARTIAL):
         partial, finished = run_dir, run_dir.with_name(run_dir.name[1 : -len(PARTIAL)])
-    elif (run_dir / CHECKPOINTS).is_dir() and not (run_dir / "decomposition.npz").exists():
+    elif RunFolder(run_dir).checkpoints.is_dir() and not RunFolder(run_dir).decomposition.exists():
         partial, finished = run_dir, run_dir
     elif not run_dir.exists() and partial_dir(run_dir).is_dir():
         partial, finished = partial_dir(run_dir), run_dir

@@ -23,6 +23,7 @@ from pd.train.evaluate import (
     host_site_arrays,
     probe_ci,
 )
+from pd.train.folder import RunFolder
 from pd.train.kinds import Labels
 from pd.train.objective import Recipe
 
@@ -101,7 +102,7 @@ def _components(
 def _losses(run_dir: Path, path: Path) -> None:
     """The losses and monitors logged so far; none before an evaluation at step 0, whose row
     is logged with its results (`train.eval_every`): then no figure until the next."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in RunFolder(run_dir).metrics.read_text().splitlines()]
     if not rows:
         return
     keys = sorted(k for k in rows[0] if k.startswith(("loss/", "monitor/")))

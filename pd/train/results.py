@@ -15,6 +15,7 @@ from pd.targets.base import Batch
 from pd.targets.train import TrainedTarget
 from pd.train import arrays
 from pd.train.config import EvalConfig
+from pd.train.folder import RunFolder
 from pd.train.kinds import Batches, TargetKind
 from pd.train.objective import Recipe
 
@@ -73,15 +74,16 @@ def write_results(
     """What a trained run leaves in its folder: `decomposition.npz`, the frozen target
     (`frozen.*`), the evaluation's figures and `summary.json` (with the target's training and
     the seconds since `t0`); returns the summary."""
-    arrays.save(folder / "decomposition.npz", (state.components, state.ci_params))
-    arrays.save_frozen(folder / "frozen.npz", trained.params)
+    files = RunFolder(folder)
+    arrays.save(files.decomposition, (state.components, state.ci_params))
+    arrays.save_frozen(files.frozen, trained.params)
     summary = evaluation(state, folder)
     summary["target/attempt"] = float(trained.attempt)
     if math.isfinite(trained.loss):  # a loaded checkpoint has no training loss
         summary["target/loss"] = trained.loss
     summary["time/total_s"] = time.perf_counter() - t0
     summary_json = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)
-    (folder / "summary.json").write_text(summary_json)
+    files.summary.write_text(summary_json)
     return summary
 
 

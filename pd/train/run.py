@@ -27,6 +27,7 @@ from pd.train.checkpoints import Checkpoints
 from pd.train.config import ConfigError, RunConfig
 from pd.train.decomposition import Decomposition
 from pd.train.finite import Diverged, check_finite, divergence, save_finite
+from pd.train.folder import RunFolder
 from pd.train.init_state import abstract_state, init_train_state, state_shardings
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
 from pd.train.loop import OnRow, Stepper, metric_sinks, train_loop
@@ -34,7 +35,6 @@ from pd.train.objective import Metrics, Recipe, flat_metrics
 from pd.train.recipe import make_batches, make_recipe
 from pd.train.results import Evaluation, evaluation, summary_table, write_results
 from pd.train.rundir import (
-    CHECKPOINTS,
     check_destination,
     check_intact,
     check_same_config,
@@ -139,7 +139,7 @@ def run(
                 evaluation = _evaluation(plan, frozen)
                 state = _train_in(folder, plan, frozen, evaluation, ahead, fresh)
                 summary = write_results(folder, state, trained, evaluation, t0)
-                times.write(folder / "compile.json")
+                times.write(RunFolder(folder).compile_times)
         except Diverged as err:  # a rerun starts over; the last finite checkpoint is kept aside
             raise _set_aside(plan.run_dir, err) from None
     config, recipe, kind = plan.config, plan.recipe, plan.kind
@@ -184,7 +184,7 @@ def _plan(
     check_wandb_login(config.train.wandb)
     check_destination(run_dir, overwrite, resume)
     if resume:
-        check_same_config(partial_dir(run_dir) / "config.json", config)
+        check_same_config(RunFolder(partial_dir(run_dir)).config, config)
     _use_compile_cache(config)
     # On a mesh, batches are placed from the host.
     sample = kind.sampler(recipe.target, config.train.batch) if mesh is None else None
@@ -250,7 +250,7 @@ def _train_in(
     config, recipe, mesh = plan.config, plan.recipe, plan.mesh
     batches = make_batches(config, recipe, plan.run_key, mesh, kind=plan.kind)
     keep, intact = config.train.keep_checkpoints, partial(check_intact, folder)
-    with Checkpoints(folder / CHECKPOINTS, keep, intact) as checkpoints:
+    with Checkpoints(RunFolder(folder).checkpoints, keep, intact) as checkpoints:
         if not ahead.started:  # compiles while the state is restored or made
             ahead.start(frozen, batches, restored=bool(checkpoint_steps(folder)))
         state = _initial_state(plan, checkpoints, frozen, fresh)

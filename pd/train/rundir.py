@@ -22,9 +22,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from pd.train.config import ConfigError, RunConfig
+from pd.train.folder import RunFolder
 
 MARKER = ".pd-run"  # written into every finished run folder; pd deletes no folder without it
-CHECKPOINTS = "checkpoints"
 SEAL = "pd-sha256.json"  # in each checkpoint's folder once it is completely written
 LOCK = ".lock"
 
@@ -65,7 +65,7 @@ def sealed_steps(folder: Path) -> list[int]:
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
     """The steps of the completely written checkpoints in a run (or partial) folder."""
-    return sealed_steps(run_dir / CHECKPOINTS)
+    return sealed_steps(RunFolder(run_dir).checkpoints)
 
 
 def holder(folder: Path) -> str | None:
@@ -297,7 +297,6 @@ def set_aside(run_dir: Path) -> Path | None:
 
 
 __all__ = [
-    "CHECKPOINTS",
     "MARKER",
     "SEAL",
     "FolderError",
@@ -318,7 +317,7 @@ __all__ = [
 def write_config(folder: Path, config: RunConfig) -> None:
     """A run folder's `config.json`, which `pd.load` and `--resume` read."""
     text = json.dumps(dataclasses.asdict(config), indent=2, allow_nan=False)
-    (folder / "config.json").write_text(text)
+    RunFolder(folder).config.write_text(text)
 
 
 def first_difference(before: object, now: object, path: str) -> tuple[str, object, object] | None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TextIO
 
 from tqdm.auto import tqdm
 
+from pd.train.folder import RunFolder
 from pd.validate import ConfigError
 
 if TYPE_CHECKING:
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WandbMode = Literal["off", "offline", "online"]
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"  # event files: `tensorboard --logdir runs/NAME/tensorboard`
 WANDB_ID_FILE = "wandb/run-id"  # beside wandb's own files; a resumed run continues that W&B run
 
 
@@ -176,12 +175,12 @@ class MetricSinks:
         self._wandb: WandbRun | None = None
         if wandb != "off":  # first: the one most likely to fail (a missing W&B login)
             self._start_wandb(run_dir, wandb, wandb_project, run_name, config, start_step)
-        self._out, wall_before = _open_metrics(run_dir / METRICS_FILE, start_step)
+        self._out, wall_before = _open_metrics(RunFolder(run_dir).metrics, start_step)
         self._t0 = time.perf_counter() - wall_before
         self._start_step = start_step
         self._last = (start_step, time.perf_counter())  # (steps done, when)
         self._tensorboard = (
-            _TensorBoard(run_dir / TENSORBOARD_DIR, start_step) if tensorboard else None
+            _TensorBoard(RunFolder(run_dir).tensorboard, start_step) if tensorboard else None
         )
         self.interactive = (
             (sys.stderr.isatty() or in_notebook()) if interactive is None else interactive
@@ -318,8 +317,6 @@ def _clock(seconds: float) -> str:
 
 
 __all__ = [
-    "METRICS_FILE",
-    "TENSORBOARD_DIR",
     "MetricSinks",
     "WandbMode",
     "check_wandb_login",

@@ -8,6 +8,7 @@ import haiku as hk
 
 from pd.compile_times import CompileTimes
 from pd.state import TrainState
+from pd.train.folder import RunFolder
 from pd.train.sweep.spec import Member
 
 # The TMS verdict of tests/test_convergence.py, generalised: every site's CI error is 0.
@@ -124,4 +125,4 @@ def write_summary(result: SweepResult, tmp_dir: Path) -> None:
     result.compile_times.write(tmp_dir / "compile.json")
     for m in result.members:
         if m.run_dir is not None:  # the program the member was compiled into, shared
-            result.compile_times.write(tmp_dir / m.member.name / "compile.json")
+            result.compile_times.write(RunFolder(tmp_dir / m.member.name).compile_times)
