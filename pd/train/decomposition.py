@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from beartype import beartype
-from jaxtyping import Array, Float, Shaped, jaxtyped
+from jaxtyping import Array, Bool, Float, Shaped, jaxtyped
 
 from pd.ci import GroupParams
 from pd.decompose import FROZEN, Constant, Sites, decomposed_hook, layer_sites
@@ -23,7 +23,7 @@ from pd.state import Components
 from pd.targets.base import Batch, Output, Target
 from pd.train import arrays
 from pd.train.config import ConfigError, RunConfig, from_dict
-from pd.train.evaluate import EVAL_FOLD, KnownAnswer
+from pd.train.evaluate import ALIVE_THRESHOLD, EVAL_FOLD, KnownAnswer
 from pd.train.folder import RunFolder
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
 from pd.train.objective import Recipe
@@ -89,6 +89,21 @@ class Decomposition:
         return make_batches(self.config, self.recipe, run_key, None, evaluation, self.kind)(
             int(step)
         )
+
+    def alive(self) -> dict[str, Bool[np.ndarray, " C"]]:
+        """Per site, which subcomponents are alive: CI above `ALIVE_THRESHOLD` (0.1) on some of
+        the run's `eval.n_samples` evaluation examples, the batches the evaluation of a
+        language model or a caller's target reads (held-out data where the target has it)."""
+        cfg = self.config.eval
+        run_key = key_tree(self.config.seed)[2]
+        batches = make_batches(self.config, self.recipe, run_key, None, True, self.kind)
+        ci = jax.jit(self._ci)
+        most: dict[str, np.ndarray] = {}
+        for b in range(max(1, -(-cfg.n_samples // cfg.batch))):
+            for site, c in ci(batches(EVAL_FOLD - b)).items():
+                m = np.asarray(jnp.max(c.reshape(-1, c.shape[-1]), axis=0))
+                most[site] = np.maximum(most.get(site, m), m)
+        return {site: m > ALIVE_THRESHOLD for site, m in most.items()}
 
     @cached_property
     def _input(self) -> jax.ShapeDtypeStruct:
