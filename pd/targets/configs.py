@@ -26,10 +26,12 @@ class TrainsInProcess:
     # evaluation batches inside the program).
     PLACED_BATCHES: ClassVar[tuple[str, ...]] = ("train.batch",)
 
-    train_steps: int
+    train_steps: int  # steps of pd's own training of the target (AdamW)
+    # Examples (sequences for a language model) per step of the target's training.
     train_batch: int
-    train_lr: float
-    train_cosine: bool
+    train_lr: float  # learning rate of the target's training
+    train_cosine: bool  # cosine decay of the target's learning rate to 0 (else constant)
+    # Tries at training the target (seeds derived from `seed`) before a failing one is given up.
     max_attempts: int
 
     @property
@@ -44,12 +46,15 @@ class TMSConfig(TrainsInProcess, Validated):
     NON_NEGATIVE = frozenset({"n_identity", "seed"})
     FRACTIONS = frozenset({"feature_prob"})
 
+    # "tms": a Toy Model of Superposition, ReLU(x·W1·W2+b), trained by pd. The other kinds are
+    # "resid_mlp", "llama" and "own".
     kind: Literal["tms"] = "tms"
-    n_features: int = 5
-    n_hidden: int = 2
+    n_features: int = 5  # input features, reconstructed at the output
+    n_hidden: int = 2  # hidden dimensions the features are squeezed into
+    # Frozen hidden×hidden identity layers between linear1 and linear2, decomposed too.
     n_identity: int = 0
-    feature_prob: float = 0.05
-    seed: int = 0
+    feature_prob: float = 0.05  # probability of each feature being on in an input (value U[0, 1])
+    seed: int = 0  # seed of the target's training
     train_steps: int = 5000
     train_batch: int = 2048
     train_lr: float = 1e-2
@@ -65,13 +70,15 @@ class ResidMLPConfig(TrainsInProcess, Validated):
     NON_NEGATIVE = frozenset({"seed"})
     FRACTIONS = frozenset({"feature_prob"})
 
+    # "resid_mlp": residual ReLU MLPs on a random embedding of sparse features x, trained by pd
+    # to output x+ReLU(x). The other kinds are "tms", "llama" and "own".
     kind: Literal["resid_mlp"] = "resid_mlp"
-    n_features: int = 100
-    d_embed: int = 1000
-    d_mlp: int = 50
-    n_layers: int = 1
-    feature_prob: float = 0.01
-    seed: int = 0
+    n_features: int = 100  # input features, embedded into the residual stream
+    d_embed: int = 1000  # width of the residual stream
+    d_mlp: int = 50  # neurons of each MLP layer
+    n_layers: int = 1  # MLP layers, each adding into the residual stream
+    feature_prob: float = 0.01  # probability of each feature being on (value U[−1, 1])
+    seed: int = 0  # seed of the target's training
     train_steps: int = 2000
     train_batch: int = 2048
     train_lr: float = 3e-3
@@ -94,13 +101,13 @@ class KindC(Validated):
 
     NON_NEGATIVE = frozenset(LLAMA_KINDS)
 
-    q: int = 0
-    k: int = 0
-    v: int = 0
-    o: int = 0
-    gate: int = 0
-    up: int = 0
-    down: int = 0
+    q: int = 0  # C of the attention query projections; 0: the run's C
+    k: int = 0  # C of the attention key projections; 0: the run's C
+    v: int = 0  # C of the attention value projections; 0: the run's C
+    o: int = 0  # C of the attention output projections; 0: the run's C
+    gate: int = 0  # C of the MLP gate projections; 0: the run's C
+    up: int = 0  # C of the MLP up projections; 0: the run's C
+    down: int = 0  # C of the MLP down projections; 0: the run's C
 
 
 @dataclass(frozen=True)
@@ -121,28 +128,42 @@ class LlamaConfig(TrainsInProcess, Validated):
     FRACTIONS = frozenset({"held_out"})
     PLACED_BATCHES = ("train.batch", "eval.batch")
 
+    # "llama": a Llama-style language model, loaded or trained by pd. The other kinds are "tms",
+    # "resid_mlp" and "own".
     kind: Literal["llama"] = "llama"
+    # A local Hugging Face folder or .gguf file to load; empty: a model of the sizes below,
+    # trained by pd.
     checkpoint: str = ""
+    # A token file (.npy or .bin) of the batches where `text` is empty; both empty: the built-in
+    # synthetic corpus.
     tokens: str = ""
+    # A UTF-8 text file of the batches, read with the .gguf checkpoint's tokenizer. Part of it
+    # is held out for the evaluation (`held_out`).
     text: str = ""
     text_separator: str = ""  # a line between documents of `text` ("%" in fortune files)
-    held_out: float = 0.1
-    seq_len: int = 32
+    held_out: float = 0.1  # the fraction of `text` held out for the evaluation
+    seq_len: int = 32  # tokens per sequence of a batch
+    # Vocabulary size; this and the sizes below are of a model pd trains (a checkpoint has its
+    # own).
     vocab: int = 64
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    d_mlp: int = 128
-    rope_base: float = 10000.0
-    rms_eps: float = 1e-5
-    tie_embeddings: bool = False
+    d_model: int = 64  # width of the residual stream
+    n_layers: int = 2  # transformer layers
+    n_heads: int = 4  # attention (query) heads
+    n_kv_heads: int = 2  # key/value heads (grouped-query attention); divides n_heads
+    d_mlp: int = 128  # hidden width of the SwiGLU MLP
+    rope_base: float = 10000.0  # base of the rotary position embedding's frequencies
+    rms_eps: float = 1e-5  # epsilon of the RMSNorms
+    tie_embeddings: bool = False  # the output head reuses the token embedding matrix
+    # The kinds of sites decomposed in each layer, of q, k, v, o, gate, up, down.
     kinds: tuple[LlamaKind, ...] = LLAMA_KINDS
-    layers: tuple[int, ...] = ()  # decomposed layers; empty: every layer
+    layers: tuple[int, ...] = ()  # decomposed layers, counted from 0; empty: every layer
+    # C per site kind (q, k, v, o, gate, up, down); 0 takes the run's C.
     kind_C: KindC = KindC()
-    remat: Literal["dots", "full", "none"] = "dots"  # the layer body's checkpoint (llama.py)
-    corpus_tokens: int = 400_000
-    seed: int = 0
+    # What the backward keeps of each layer: "dots" its matmuls' outputs, "full" only its input
+    # (recomputing the rest), "none" everything. (The layer body's checkpoint, llama.py.)
+    remat: Literal["dots", "full", "none"] = "dots"
+    corpus_tokens: int = 400_000  # length in tokens of the built-in synthetic corpus
+    seed: int = 0  # seed of the training of a model pd trains
     train_steps: int = 3000
     train_batch: int = 64
     train_lr: float = 3e-3
@@ -159,7 +180,11 @@ class FactoryConfig(Validated):
 
     PLACED_BATCHES: ClassVar[tuple[str, ...]] = ()  # the caller's batches, of their own size
 
+    # The function, "package.module:function", that returns the pd.train.OwnTarget; empty when
+    # the target was given to `run(own=...)` in Python.
     factory: str = ""
+    # "own": a target of the user's own, from `factory`. The other kinds are "tms", "resid_mlp"
+    # and "llama".
     kind: Literal["own"] = "own"
 
 

@@ -1,5 +1,7 @@
 """`python -m pd.train PRESET_OR_FILE [--set key=value ...] [--out DIR] [--overwrite] [--resume]`;
-`python -m pd.train sweep PRESET_OR_FILE --seeds 0-15 ...` trains many at once (`pd.train.sweep`).
+`python -m pd.train sweep PRESET_OR_FILE --seeds 0-15 ...` trains many at once (`pd.train.sweep`);
+`python -m pd.train show-config PRESET_OR_FILE [--set key=value ...]` lists every config key with
+its value, default and meaning (`pd.train.show_config`).
 
 Exit status: 0 done; 2 a bad input (one sentence, before anything is compiled or written) or a
 run too large for the memory (one sentence with the size that failed); 3 non-finite numbers (a NaN
@@ -21,6 +23,8 @@ from pd.log import setup_logging
 from pd.train.config import ConfigError, RunConfig, load_config, preset_names
 from pd.train.run import Diverged, run, summary_table
 from pd.train.rundir import check_destination, checkpoint_steps, partial_dir
+from pd.train.show_config import SET_HELP
+from pd.train.show_config import main as show_config_main
 from pd.train.signals import Terminated, stopped, stops_raise
 
 
@@ -30,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         from pd.train.sweep import main as sweep_main
 
         return sweep_main(given[1:])
+    if given[:1] == ["show-config"]:
+        return show_config_main(given[1:])
     args = _parser().parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
@@ -68,9 +74,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pd.train", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m pd.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the usage lines as written
+    )
     parser.add_argument("config", help=f"a preset ({', '.join(preset_names())}) or a .toml file")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP
+    )
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/NAME)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     parser.add_argument(

@@ -1,32 +1,29 @@
 """Typed run configuration: the dataclasses, which validate themselves when constructed
-(`pd.validate`), and the presets, TOML files and `--set` overrides built through them.
+(`pd.validate`), and the presets, TOML files and `--set` overrides built through them
+(`pd.train.config_files`, whose public names are importable from here too).
 
 Every error is a `ConfigError` whose message is one sentence naming the field, the value and
 what was expected; it is raised before anything is compiled or written.
+
+The `#` comments above a field, or beside it, are its help: `python -m pd.train show-config`
+prints their first sentence (`pd.train.show_config`).
 """
 
-import dataclasses
-import difflib
 import re
-import stat
-import tomllib
-import types
 import typing
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Literal
 
 from pd.adversary import Scope
 from pd.losses import PlanKind
 from pd.precision import ComputeDtype
-from pd.targets.configs import (
-    FactoryConfig,
-    LlamaConfig,
-    ResidMLPConfig,
-    TargetConfig,
-    TMSConfig,
-)
+from pd.targets.configs import TargetConfig, TMSConfig
+from pd.train.config_files import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
+from pd.train.config_files import apply_override as apply_override
+from pd.train.config_files import build
+from pd.train.config_files import load_raw as load_raw
+from pd.train.config_files import preset_names as preset_names
 from pd.train.schedule import Schedule
 from pd.train.sinks import WandbMode
 from pd.validate import ConfigError as ConfigError
@@ -39,9 +36,13 @@ CIKind = Literal["mlp", "vector_mlp", "shared_mlp", "chunkwise_transformer"]
 class ReconTerm(Validated):
     """One stochastic-reconstruction term: a plan, its coefficient, and `k` for `chunks(k)`."""
 
+    # Which sites the masked forwards make live: "all", "per_site", "subset" or "chunks". "all":
+    # every site, in one forward; "per_site": one site per forward; "subset": every site, a
+    # random subset of them routed at each position; "chunks": `k` consecutive sites per
+    # forward, routed as in "subset".
     plan: PlanKind
-    coeff: float = 1.0
-    k: int = 1
+    coeff: float = 1.0  # the term's weight in the total loss
+    k: int = 1  # sites per chunk of the "chunks" plan (the last chunk may hold fewer)
 
     @property
     def name(self) -> str:
@@ -54,27 +55,50 @@ class AdversaryConfig(Validated):
 
     NON_NEGATIVE = frozenset({"n_warmup"})
 
+    # Weight of the adversarial reconstruction term; 0 turns the adversary off. Its masks come
+    # from persistent sources that an Adam ascent makes as bad as it can.
     coeff: float = 0.0
+    # Sources per site: "c" one for the batch, "bc" one per example, "sc" one per position, "bsc"
+    # one per example and position (the last two for language models).
     scope: Scope = "c"
+    # Learning rate of the sources' Adam ascent, a schedule over train.steps.
     lr: Schedule = Schedule(0.01, warmup_pct=0.025)
-    beta1: float = 0.5
-    beta2: float = 0.99
-    eps: float = 1e-8
+    beta1: float = 0.5  # Adam's β1 of the sources' ascent
+    beta2: float = 0.99  # Adam's β2 of the sources' ascent
+    eps: float = 1e-8  # Adam's epsilon of the sources' ascent (added after the square root)
+    # Extra source ascents per step, on the detached components, before the final one. The final
+    # ascent reuses the gradient of the step's own backward.
     n_warmup: int = 0
 
 
 @dataclass(frozen=True)
 class LossConfig(Validated):
+    # Weight of the faithfulness loss, the mean squared difference of V·U from the target's
+    # weights.
     faithfulness: float = 1.0
+    # Weight of the importance-minimality (sparsity) loss, the sum over subcomponents of their
+    # mean (CI+eps)^p.
     importance: float = 3e-3
+    # Exponent p of the importance loss, a schedule over train.steps (no warmup; p > 0).
     p: Schedule = Schedule(1.0)
-    eps: float = 1e-12
-    frequency: float = 0.0  # 0 omits the frequency term
+    eps: float = 1e-12  # added to each causal importance before the power p
+    # Weight of the frequency term, the sum of f·log2(1+a·f) over the subcomponents' mean
+    # importances f; 0 omits the term.
+    frequency: float = 0.0
+    # The `a` of the frequency term's log2(1+a·f), a token count. The PyTorch reference's is the
+    # number of positions of its global batch.
     reference_token_count: float = 1.0
+    # The stochastic-reconstruction terms: a list of { plan, coeff, k }, plan "all", "per_site",
+    # "subset" or "chunks" (k sites each). Each masked forward draws fresh random masks.
     recon: tuple[ReconTerm, ...] = (ReconTerm("all"), ReconTerm("per_site"))
+    # Mask draws per entry of a reconstruction plan, each a forward of its own (the term is
+    # their mean).
     n_mask_samples: int = 1
+    # The persistent adversarial reconstruction term (SPEC §6); coeff 0 turns it off.
     adversary: AdversaryConfig = AdversaryConfig()
-    ci_masked: float = 0.0  # trains the CI-masked monitor (SPEC §5) with this coefficient
+    # Weight of the CI-masked reconstruction as a trained term; 0 only monitors it. Its masks
+    # are the CI itself (SPEC §5).
+    ci_masked: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -89,34 +113,47 @@ class LossConfig(Validated):
 class TrainConfig(Validated):
     NON_NEGATIVE = frozenset({"faith_warmup_steps", "checkpoint_every", "eval_every"})
 
-    steps: int = 10_000
+    steps: int = 10_000  # decomposition steps, each on one batch (after the faithfulness warmup)
+    # Examples per step (sequences for a language model); a multiple of mesh.data.
     batch: int = 1024
+    # Learning rate of the components V and U (AdamW), a schedule over train.steps.
     lr: Schedule = Schedule(1e-3, kind="cosine", final_frac=0.0)
+    # Learning rate of the CI function (AdamW), a schedule over train.steps.
     ci_lr: Schedule = Schedule(1e-3, kind="cosine", final_frac=0.0)
-    grad_clip: float = 0.0  # 0 turns the components' global-norm clip off
+    # Global-norm clip of the components' gradient; 0 turns the clip off.
+    grad_clip: float = 0.0
+    # Steps on the faithfulness loss alone before step 0; 0 skips this warmup. They are AdamW
+    # steps with an optimizer of their own, not repeated on resume.
     faith_warmup_steps: int = 200
-    faith_warmup_lr: float = 0.01
-    faith_warmup_wd: float = 0.1
+    faith_warmup_lr: float = 0.01  # learning rate of the faithfulness warmup
+    faith_warmup_wd: float = 0.1  # AdamW weight decay of the faithfulness warmup
+    # Steps between logged rows of metrics (metrics.jsonl, TensorBoard, W&B); the last is logged.
     log_every: int = 100
+    # Steps between checkpoints; 0: only at the end and when stopped.
     # The whole train state is saved (orbax) every this many steps, at the end, and when a run
     # is stopped by Ctrl-C or SIGTERM; 0 saves only then. `resume` continues the latest.
     checkpoint_every: int = 1000
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # how many of the latest checkpoints are kept
+    # Steps between evaluations during training; 0: only at the end.
     # The evaluation (summary metrics, figures) also every this many steps, into metrics.jsonl
     # as `eval/...` keys; 0: only at the end.
     eval_every: int = 0
-    tensorboard: bool = True  # event files in runs/NAME/tensorboard (cheap: ~30 µs a row)
-    wandb: WandbMode = "off"  # Weights & Biases: "offline" needs no network or account
-    # Loop bodies per iteration in the step (JAX's scan `unroll`, see pd/loops.py): the program
+    # Write TensorBoard event files into the run folder's tensorboard/ (about 30 µs a row).
+    tensorboard: bool = True
+    # Weights & Biases logging: "off", "offline" (no network or account needed) or "online".
+    wandb: WandbMode = "off"
+    # Loop bodies per iteration in the step (JAX's scan `unroll`, see pd/loops.py). The program
     # holds that many copies of each body, whatever the depth. 2 is faster for small models on a
     # CPU, where two bodies run side by side.
     unroll: int = 1
-    # "bf16": the step's matmuls on bfloat16-rounded operands with float32 accumulation;
-    # parameters, optimizer state and losses stay float32 (pd/precision.py). Default fp32 (N3).
+    # Precision of the step's matmuls, "fp32" or "bf16". "bf16": the step's matmuls on
+    # bfloat16-rounded operands with float32 accumulation; parameters, optimizer state and
+    # losses stay float32 (pd/precision.py). Default fp32 (N3).
     compute_dtype: ComputeDtype = "fp32"
-    # "bf16": the first Adam moment of the components, the CI function and the sources is kept
-    # in bfloat16 (a quarter less optimizer memory); the second moment stays float32, since a
-    # bf16 value cannot take its per-step change of 1 − β2 = 0.001 (the moment would stall).
+    # Precision of the first Adam moment, "fp32" or "bf16". "bf16": the first Adam moment of
+    # the components, the CI function and the sources is kept in bfloat16 (a quarter less
+    # optimizer memory); the second moment stays float32, since a bf16 value cannot take its
+    # per-step change of 1 − β2 = 0.001 (the moment would stall).
     moment_dtype: ComputeDtype = "fp32"
 
     def __post_init__(self) -> None:
@@ -129,16 +166,19 @@ class TrainConfig(Validated):
 
 @dataclass(frozen=True)
 class EvalConfig(Validated):
+    # Examples (sequences for a language model) evaluated, in whole batches of eval.batch.
     n_samples: int = 100_000
+    # Examples per evaluation batch; a multiple of mesh.data for a language model.
     batch: int = 10_000
-    figures: bool = True
+    figures: bool = True  # draw the figures (PNG) into the run folder at each evaluation
 
 
 @dataclass(frozen=True)
 class CompileConfig(Validated):
     """The persistent compilation cache: off while `cache_dir` is empty."""
 
-    cache_dir: str = ""
+    cache_dir: str = ""  # folder of JAX's persistent compilation cache; empty: no cache
+    # Seconds a program must take to compile to be cached.
     min_compile_secs: float = 1.0
 
 
@@ -147,18 +187,22 @@ class ChunkwiseConfig(Validated):
     """The chunkwise-transformer CI function (SPEC §4.1): one chunk per `layers_per_chunk`
     layers, reading the residual stream entering each of its layers."""
 
-    layers_per_chunk: int = 1
-    d_model: int = 64
-    n_blocks: int = 1
+    layers_per_chunk: int = 1  # decomposed layers per chunk, each chunk with its own transformer
+    d_model: int = 64  # width of each chunk's transformer
+    n_blocks: int = 1  # transformer blocks per chunk
+    # Attention heads per block; d_model splits into heads of even width.
     n_heads: int = 4
-    mlp_hidden: int = 128
+    mlp_hidden: int = 128  # hidden width of each block's MLP
 
 
 @dataclass(frozen=True)
 class MeshConfig(Validated):
     """The device mesh `(data, model)`; the default is one device."""
 
+    # Devices on the data axis, each with an equal share of the batch. Every trained array is
+    # split over all mesh.data × mesh.model devices.
     data: int = 1
+    # Devices on the model axis, over which the CI transformer's wide weights are split.
     model: int = 1
 
 
@@ -168,9 +212,10 @@ class DistributedConfig(Validated):
 
     NON_NEGATIVE = frozenset({"process_id"})
 
+    # Address (host:port) of process 0 of multi-process JAX; empty: one process.
     coordinator: str = ""
-    num_processes: int = 1
-    process_id: int = 0
+    num_processes: int = 1  # processes in the job
+    process_id: int = 0  # this process's index, counted from 0
 
 
 @dataclass(frozen=True)
@@ -181,18 +226,35 @@ class RunConfig(Validated):
 
     NON_NEGATIVE = frozenset({"seed"})
 
+    # The run's name; its folder is runs/NAME. A config file that sets none is named after the
+    # file.
     name: str = "run"
+    # Seed of the decomposition's random draws (initialization, batches, masks, sources).
     seed: int = 0
+    # The model decomposed; its `kind`, "tms", "resid_mlp", "llama" or "own", picks its keys.
     target: TargetConfig = field(default_factory=TMSConfig)
+    # Subcomponents per decomposed site (per kind of site of a language model: target.kind_C).
     C: int = 20
+    # The CI function: "mlp", "vector_mlp", "shared_mlp" or "chunkwise_transformer". "mlp" is an
+    # MLP per subcomponent on its inner activation x·V[:, c], "vector_mlp" one on the site input
+    # x, "shared_mlp" one MLP per site; "chunkwise_transformer" is for language models and set in
+    # [chunkwise].
     ci_fn: CIKind = "vector_mlp"
+    # Hidden-layer widths of the CI MLPs (not of "chunkwise_transformer").
     ci_hidden: tuple[int, ...] = (16,)
+    # The chunkwise-transformer CI function (ci_fn = "chunkwise_transformer").
     chunkwise: ChunkwiseConfig = ChunkwiseConfig()
+    # The loss terms and their weights (SPEC §5, §6).
     loss: LossConfig = LossConfig()
+    # The optimizers, schedules, logging, checkpoints and precision of the decomposition.
     train: TrainConfig = TrainConfig()
+    # The evaluation (summary.json and the figures), at the end and every train.eval_every steps.
     eval: EvalConfig = EvalConfig()
+    # JAX's persistent compilation cache.
     compile: CompileConfig = CompileConfig()
+    # The device mesh (data, model); the default is one device.
     mesh: MeshConfig = MeshConfig()
+    # Multi-process JAX, from explicit settings only.
     distributed: DistributedConfig = DistributedConfig()
 
     def __post_init__(self) -> None:
@@ -226,145 +288,9 @@ def check_name(name: str) -> None:
         raise FieldError("name", name, want)
 
 
-_TARGET_KINDS: dict[str, type[TargetConfig]] = {
-    "tms": TMSConfig,
-    "resid_mlp": ResidMLPConfig,
-    "llama": LlamaConfig,
-    "own": FactoryConfig,
-}
-
-
-def _build(tp: object, value: object, path: str, default: object = None) -> object:
-    """A value of type `tp` from parsed TOML at `path`. A table overlays `default`, the value
-    the key has without it (so `--set train.lr.start=0.01` keeps the default schedule's kind);
-    the constructors check every value."""
-    if typing.get_origin(tp) is types.UnionType:  # the target kinds, told apart by `kind`
-        implied = "own" if isinstance(value, dict) and "factory" in value else "tms"
-        kind = value.get("kind", implied) if isinstance(value, dict) else None
-        if kind not in _TARGET_KINDS:
-            want = "one of " + ", ".join(map(repr, _TARGET_KINDS))
-            raise ConfigError(f"config key '{path}.kind' is {kind!r}, expected {want}")
-        cls = _TARGET_KINDS[kind]
-        same_kind = getattr(default, "kind", None) == kind  # a default of another kind is dropped
-        return _build(cls, value, path, default if same_kind else None)
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(value, dict):
-            raise ConfigError(f"config key '{path}' is {value!r}, expected a table")
-        fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
-        kwargs = {k: getattr(default, k) for k in fields} if default is not None else {}
-        for key, item in value.items():
-            sub = f"{path}.{key}" if path else key
-            if key not in fields:
-                close = difflib.get_close_matches(key, fields, n=1)
-                hint = f"did you mean '{close[0]}'" if close else f"known keys: {', '.join(fields)}"
-                raise ConfigError(f"unknown config key '{sub}'; {hint}")
-            kwargs[key] = _build(
-                fields[key].type, item, sub, kwargs.get(key, _default_of(fields[key]))
-            )
-        missing = [k for k, f in fields.items() if k not in kwargs and _default_of(f) is None]
-        if missing:
-            prefix = f"{path}." if path else ""
-            raise ConfigError(f"config key '{prefix}{missing[0]}' is missing, expected a value")
-        try:
-            return tp(**kwargs)
-        except FieldError as err:
-            raise err.under(path) from None
-    if typing.get_origin(tp) is tuple:
-        if not isinstance(value, list):
-            raise ConfigError(f"config key '{path}' is {value!r}, expected a list")
-        (item_tp, _) = typing.get_args(tp)
-        return tuple(_build(item_tp, item, f"{path}[{i}]") for i, item in enumerate(value))
-    return value
-
-
-def _default_of(f: dataclasses.Field[object]) -> object:
-    """The default of a field, or None when it has none."""
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return None
-
-
 def from_dict(data: dict[str, object]) -> RunConfig:
     """A validated RunConfig from a nested dict (as parsed from TOML)."""
-    return typing.cast(RunConfig, _build(RunConfig, data, ""))  # a dataclass builds as itself
-
-
-def preset_names() -> list[str]:
-    files = resources.files("pd.presets").iterdir()
-    return sorted(f.name.removesuffix(".toml") for f in files if f.name.endswith(".toml"))
-
-
-def _read_toml(text: str, where: str) -> dict[str, object]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"config file '{where}' is not valid TOML ({err})") from None
-
-
-MAX_CONFIG_BYTES = 1 << 20
-
-
-def _config_text(path: Path) -> str:
-    """The text of config file `path`: a regular file (told by `stat`, so that a FIFO is not
-    opened and waited on, nor a device such as /dev/zero read without end) of UTF-8 text, of
-    at most MAX_CONFIG_BYTES (read no further, whatever size the file reports)."""
-    try:
-        if not stat.S_ISREG(path.stat().st_mode):
-            raise ConfigError(f"config file '{path}' is not a regular file, expected a .toml file")
-        with path.open("rb") as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)
-    except OSError as err:
-        raise ConfigError(f"config file '{path}' cannot be read ({err.strerror})") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        mib = MAX_CONFIG_BYTES >> 20
-        raise ConfigError(
-            f"config file '{path}' is larger than {mib} MiB, expected a .toml file of at most "
-            f"{mib} MiB"
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            f"config file '{path}' is not UTF-8 text (byte {data[err.start]:#04x} at offset "
-            f"{err.start}), expected a TOML file"
-        ) from None
-
-
-def load_raw(preset_or_file: str) -> dict[str, object]:
-    """The parsed TOML of a built-in preset or a config file."""
-    if preset_or_file in preset_names():
-        text = resources.files("pd.presets").joinpath(f"{preset_or_file}.toml").read_text()
-        return _read_toml(text, preset_or_file)
-    path = Path(preset_or_file)
-    if path.suffix == ".toml" or path.exists():
-        return _read_toml(_config_text(path), str(path))
-    raise ConfigError(
-        f"'{preset_or_file}' is neither a preset nor a config file, expected one of "
-        f"{', '.join(preset_names())} or a path to a .toml file"
-    )
-
-
-def apply_override(data: dict[str, object], assignment: str) -> None:
-    """Apply one `key.sub=value` override in place (the value is parsed as TOML, else a string)."""
-    key, sep, raw = assignment.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"override '{assignment}' is malformed, expected key=value")
-    try:
-        value: object = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    parts = key.strip().split(".")
-    node = data
-    for i, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(
-                f"override '{assignment}': '{'.'.join(parts[: i + 1])}' is not a table"
-            )
-        node = child
-    node[parts[-1]] = value
+    return typing.cast(RunConfig, build(RunConfig, data, ""))  # a dataclass builds as itself
 
 
 def load_config(preset_or_file: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

@@ -16,9 +16,11 @@ class Schedule(Validated):
 
     FRACTIONS = frozenset({"warmup_pct", "final_frac"})
 
-    start: float
+    start: float  # the value after the warmup, where the decay starts
+    # Fraction of train.steps over which the value rises linearly from 0 to `start`.
     warmup_pct: float = 0.0
-    final_frac: float = 1.0
+    final_frac: float = 1.0  # the last step's value as a fraction of `start` (linear, cosine)
+    # The decay after the warmup: "constant", "linear" or "cosine" (to start·final_frac).
     kind: Literal["constant", "linear", "cosine"] = "constant"
 
 

@@ -11,6 +11,7 @@ import jax
 from pd.log import setup_logging
 from pd.train.config import ConfigError
 from pd.train.rundir import check_destination
+from pd.train.show_config import SET_HELP
 from pd.train.signals import Terminated, stopped, stops_raise
 from pd.train.sweep.run import sweep
 from pd.train.sweep.spec import load_sweep, parse_seeds
@@ -90,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
         help="vmap K members in each call (default: all of a group on accelerators; one on CPU, "
         "in a lane per CPU device)",
     )
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=SET_HELP
+    )
     parser.add_argument(
         "--out", type=Path, default=None, help="sweep folder (default runs/NAME-sweep)"
     )
