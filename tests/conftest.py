@@ -65,6 +65,7 @@ _END_TO_END = frozenset(
         "test_cli_errors.py",
         "test_compile_times.py",
         "test_convergence.py",
+        "test_harvest.py",
         "test_library_errors.py",
         "test_lm_recipe.py",
         "test_log.py",

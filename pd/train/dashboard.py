@@ -1,0 +1,150 @@
+"""`components.html`: one self-contained page of a harvest (inline CSS and JS, the data
+embedded, no network), and the per-subcomponent tables it shows (PMI, co-firing partners)."""
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+from jaxtyping import Float, Int
+
+from pd.train.harvest import PAD, Harvest, SiteHarvest
+
+Labels = Callable[[list[int]], list[str]]
+
+
+def pmi_rows(
+    counts: sp.csr_matrix, fired: Int[np.ndarray, " A"], totals: Int[np.ndarray, " V"], top: int
+) -> list[tuple[list[tuple[int, float]], list[tuple[int, float]]]]:
+    """Per subcomponent, its `top` highest- and lowest-PMI tokens among those seen at its
+    firings: `log(P(t | fires) / P(t)) = log(n(c, t) · n / (n(c) · n(t)))`, with `n` the
+    positions read; ties go to the lower token id."""
+    n = max(int(totals.sum()), 1)
+    out: list[tuple[list[tuple[int, float]], list[tuple[int, float]]]] = []
+    for a in range(counts.shape[0]):
+        row = counts.getrow(a)
+        ids, c = row.indices, row.data
+        if not ids.size:
+            out.append(([], []))
+            continue
+        pmi = np.log(c * n / (max(int(fired[a]), 1) * np.maximum(totals[ids], 1)))
+        order = np.lexsort((ids, -pmi))
+        high = [(int(ids[i]), float(pmi[i])) for i in order[:top]]
+        low = [(int(ids[i]), float(pmi[i])) for i in np.lexsort((ids, pmi))[:top]]
+        out.append((high, low))
+    return out
+
+
+def partners(
+    cofire: Int[np.ndarray, "A A"], fired: Int[np.ndarray, " A"], top: int
+) -> tuple[Int[np.ndarray, "A top"], Float[np.ndarray, "A top"]]:
+    """Each subcomponent's `top` co-firing partners by Jaccard index (itself left out)."""
+    union = fired[:, None] + fired[None, :] - cofire
+    jaccard = np.where(union > 0, cofire / np.maximum(union, 1), 0.0)
+    np.fill_diagonal(jaccard, -1.0)
+    order = np.argsort(-jaccard, axis=1, kind="stable")[:, :top]
+    return order, np.take_along_axis(jaccard, order, axis=1)
+
+
+def _picks(p: tuple[np.ndarray, ...], a: int) -> list[list[list[float | int]]]:
+    """One subcomponent's picks as `[[CI window], [input window]]` (empty picks left out)."""
+    _, at, ci, inputs = p
+    keep = at[a] != PAD
+    return [
+        [np.round(c, 3).tolist(), i.tolist()]
+        for c, i in zip(ci[a][keep], inputs[a][keep], strict=True)
+    ]
+
+
+def _site_cards(
+    name: str, s: SiteHarvest, h: Harvest, probes: np.ndarray | None
+) -> list[dict[str, object]]:
+    n = max(h.n_positions, 1)
+    order, jac = partners(s.cofire, s.count, 5)
+    tables = {}
+    if s.inputs is not None and h.token_counts is not None and h.next_counts is not None:
+        tables = {
+            "in": pmi_rows(s.inputs, s.count, h.token_counts, 10),
+            "nx": pmi_rows(s.next_tokens, s.count, h.next_counts, 10),
+        }
+    cards = []
+    for a, c in enumerate(s.alive.tolist()):
+        card: dict[str, object] = {
+            "s": name,
+            "c": c,
+            "d": float(s.count[a]) / n,
+            "m": float(s.ci_sum[a]) / n,
+            "h": s.hist[a].tolist(),
+            "top": _picks(s.top, a),
+            "smp": _picks(s.sample, a),
+            "p": [
+                [int(s.alive[j]), round(float(v), 3)]
+                for j, v in zip(order[a], jac[a], strict=True)
+                if v > 0
+            ],
+        }
+        for key, rows in tables.items():
+            card[key] = [[[t, round(v, 2)] for t, v in part] for part in rows[a]]
+        if probes is not None:
+            card["probe"] = int(np.argmax(probes[:, c]))
+        cards.append(card)
+    return cards
+
+
+def _shown_tokens(h: Harvest) -> set[int]:
+    """Every token id the cards can show: in a window or in a token table."""
+    ids: set[int] = set()
+    for s in h.sites.values():
+        for picks in (s.top, s.sample):
+            ids.update(np.unique(picks[3]).tolist())
+        for counts in (s.inputs, s.next_tokens):
+            if counts is not None:
+                ids.update(np.unique(counts.indices).tolist())
+    ids.discard(PAD)
+    return ids
+
+
+def page_data(
+    h: Harvest,
+    labels: Labels | None,
+    summary: dict[str, float],
+    title: str,
+    probes: dict[str, np.ndarray] | None = None,
+) -> dict[str, object]:
+    """What the page embeds: the run's summary, one row per site, one card per alive
+    subcomponent, and the text of every token the cards show."""
+    cards = [
+        card
+        for name, s in h.sites.items()
+        for card in _site_cards(name, s, h, None if probes is None else probes[name])
+    ]
+    ordered = sorted(_shown_tokens(h))
+    texts = labels(ordered) if labels is not None and ordered else [str(i) for i in ordered]
+    sites = [
+        {
+            "name": name,
+            "C": s.C,
+            "alive": int(s.alive.size),
+            "l0": summary.get(f"ci_l0/{name}", float(s.count.sum()) / max(h.n_positions, 1)),
+        }
+        for name, s in h.sites.items()
+    ]
+    clean = {k: v for k, v in summary.items() if isinstance(v, float) and math.isfinite(v)}
+    return {
+        "title": title,
+        "summary": clean,
+        "threshold": h.config.threshold,
+        "positions": h.n_positions,
+        "tokens": dict(zip(map(str, ordered), texts, strict=True)),
+        "sites": sites,
+        "cards": cards,
+    }
+
+
+def write_page(path: Path, data: dict[str, object]) -> None:
+    """`components.html` at `path`, with `data` embedded."""
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    template = (Path(__file__).parent / "dashboard.html").read_text()
+    path.write_text(template.replace("/*DATA*/", payload))

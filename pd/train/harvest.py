@@ -1,0 +1,291 @@
+"""What each subcomponent responds to: the run's held-out data streamed through the CI function.
+
+`harvest(decomposition)` reads the run's evaluation batches (held-out token windows of a
+language model, fresh samples of a toy) up to `max_tokens` positions, twice:
+
+1. which subcomponents fire (CI > `threshold`) anywhere: the alive ones, the only ones kept;
+2. per site, for every alive subcomponent, in jitted accumulators whose size does not grow
+   with the data: its firing count, CI sum and CI histogram; its `k` highest-CI firings and a
+   uniform sample of `k` of its firings (the `k` smallest of uniform random keys drawn per
+   position and subcomponent: a sample without replacement), each with the CI and the inputs
+   of the `± window` positions around it; its co-firing counts with the site's other alive
+   subcomponents; and, for tokens, how often each input token and each next token occurs at
+   its firings (sparse).
+
+Positions are numbered in the order they are read: `batch · B · T + row · T + t`. Among equal
+CI the earlier position ranks first.
+"""
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.sparse as sp
+from jaxtyping import Array, Bool, Float, Int
+from tqdm import tqdm
+
+from pd.init import key_tree
+from pd.targets.base import Batch
+from pd.train.decomposition import Decomposition
+from pd.train.evaluate import EVAL_FOLD
+from pd.train.recipe import make_batches
+
+PAD = -1  # an input outside the sequence, or the position of an empty pick
+
+
+@dataclass(frozen=True)
+class HarvestConfig:
+    threshold: float = 0.1  # a subcomponent fires where its CI exceeds this
+    k: int = 20  # top firings and sampled firings kept per subcomponent
+    window: int = 10  # positions kept on either side of a firing
+    bins: int = 20  # CI histogram bins over [0, 1]
+    max_tokens: int = 200_000  # positions read at most (examples, for a toy)
+    seed: int = 0  # the sample's random keys
+
+
+DEFAULTS = HarvestConfig()
+
+# `(key, position, CI window, input window)`, each `[A, n, ...]`: n picks per subcomponent
+Picks = tuple[Array, Array, Array, Array]
+
+
+@dataclass(frozen=True)
+class SiteHarvest:
+    """One site's harvest; every array's first axis runs over its alive subcomponents."""
+
+    C: int  # the site's subcomponents
+    alive: Int[np.ndarray, " A"]  # the alive ones' indices into C
+    count: Int[np.ndarray, " A"]  # firings
+    ci_sum: Float[np.ndarray, " A"]  # CI summed over every position read
+    hist: Int[np.ndarray, "A bins"]  # positions per CI bin
+    top: tuple[np.ndarray, ...]  # Picks: CI, position, CI window, input window
+    sample: tuple[np.ndarray, ...]  # Picks: the same for the uniform sample (key, not CI)
+    cofire: Int[np.ndarray, "A A"]  # positions where both fire
+    inputs: sp.csr_matrix | None  # [A, vocab] input tokens at firings
+    next_tokens: sp.csr_matrix | None  # [A, vocab] the token after each firing
+
+
+@dataclass(frozen=True)
+class Harvest:
+    config: HarvestConfig
+    n_positions: int
+    seq_len: int  # positions per example (1 for a toy)
+    sites: dict[str, SiteHarvest]
+    token_counts: Int[np.ndarray, " vocab"] | None  # every input token read (tokens only)
+    next_counts: Int[np.ndarray, " vocab"] | None  # every next token read
+
+
+def _windows(x: Array, at: Int[Array, "A n"], w: int, pad: float | int) -> Array:
+    """`x` (`[B, T, A]`, per subcomponent, or `[B, T]`, shared): the `2w + 1` values around each
+    flat position `at` of each subcomponent, `pad` outside the row."""
+    T = x.shape[1]
+    row, t = at // T, at % T
+    ts = t[..., None] + jnp.arange(-w, w + 1)
+    inside = (ts >= 0) & (ts < T)
+    ts, rows = jnp.clip(ts, 0, T - 1), jnp.broadcast_to(row[..., None], ts.shape)
+    if x.ndim == 3:
+        sub = jnp.broadcast_to(jnp.arange(at.shape[0])[:, None, None], ts.shape)
+        vals = x[rows, ts, sub]
+    else:
+        vals = x[rows, ts]
+    return jnp.where(inside, vals, jnp.asarray(pad, vals.dtype))
+
+
+def _merge(a: Picks, b: Picks, k: int) -> Picks:
+    """The `k` highest-keyed of two sets of picks; `a`'s (earlier positions) win ties."""
+    both = [jnp.concatenate([x, y], axis=1) for x, y in zip(a, b, strict=True)]
+    _, order = jax.lax.top_k(both[0], k)
+    key, at, ci, inputs = (
+        jnp.take_along_axis(x, order.reshape(*order.shape, *[1] * (x.ndim - 2)), axis=1)
+        for x in both
+    )
+    return key, at, ci, inputs
+
+
+def _candidates(
+    keyed: Float[Array, "N A"], ci: Float[Array, "B T A"], x: Int[Array, "B T"], k: int, w: int
+) -> Picks:
+    """A batch's `k` highest-keyed positions per subcomponent, with their windows."""
+    key, at = jax.lax.top_k(keyed.T, min(k, keyed.shape[0]))
+    return key, at, _windows(ci, at, w, 0.0), _windows(x, at, w, PAD)
+
+
+def empty_picks(n_alive: int, k: int, w: int) -> Picks:
+    shape = (n_alive, k)
+    return (
+        jnp.full(shape, -jnp.inf),
+        jnp.full(shape, PAD, jnp.int32),
+        jnp.zeros((*shape, 2 * w + 1)),
+        jnp.full((*shape, 2 * w + 1), PAD, jnp.int32),
+    )
+
+
+# count, CI sum, histogram, co-firing, top picks, sampled picks
+Carry = tuple[Array, Array, Array, Array, Picks, Picks]
+
+
+def initial_carry(n_alive: int, cfg: HarvestConfig) -> Carry:
+    picks = empty_picks(n_alive, cfg.k, cfg.window)
+    return (
+        jnp.zeros(n_alive, jnp.int32),
+        jnp.zeros(n_alive),
+        jnp.zeros((n_alive, cfg.bins), jnp.int32),
+        jnp.zeros((n_alive, n_alive), jnp.int32),
+        picks,
+        picks,
+    )
+
+
+@partial(jax.jit, static_argnames=("cfg",))
+def site_step(
+    carry: Carry,
+    ci: Float[Array, "B T A"],
+    x: Int[Array, "B T"],
+    key: jax.Array,
+    offset: Int[Array, ""],
+    cfg: HarvestConfig,
+) -> tuple[Carry, Bool[Array, "N A"]]:
+    """One batch into a site's accumulators (`ci` of its alive subcomponents, `x` the inputs,
+    or PAD where they are not tokens); also returns where each fires."""
+    count, ci_sum, hist, cofire, top, sample = carry
+    flat = ci.reshape(-1, ci.shape[-1])
+    fires = flat > cfg.threshold
+    as_float = fires.astype(jnp.float32)  # counts of a batch are exact in float32
+    cofire = cofire + (as_float.T @ as_float).astype(jnp.int32)
+    bin_of = jnp.clip((flat * cfg.bins).astype(jnp.int32), 0, cfg.bins - 1)
+    hist = hist + jax.nn.one_hot(bin_of, cfg.bins, dtype=jnp.int32).sum(0)
+    k, w = cfg.k, cfg.window
+    by_ci = _candidates(jnp.where(fires, flat, -jnp.inf), ci, x, k, w)
+    u = jax.random.uniform(key, flat.shape)
+    by_key = _candidates(jnp.where(fires, -u, -jnp.inf), ci, x, k, w)
+    by_ci = (by_ci[0], by_ci[1] + offset, by_ci[2], by_ci[3])  # batch positions → global
+    by_key = (by_key[0], by_key[1] + offset, by_key[2], by_key[3])
+    top, sample = _merge(top, by_ci, k), _merge(sample, by_key, k)
+    count = count + fires.sum(0, dtype=jnp.int32)
+    return (count, ci_sum + flat.sum(0), hist, cofire, top, sample), fires
+
+
+def _as_bt(ci: Array) -> Array:
+    """A site's CI as `[B, T, C]` (a toy's `[B, C]` has T = 1)."""
+    return ci if ci.ndim == 3 else ci[:, None, :]
+
+
+def _inputs(x: Batch) -> np.ndarray:
+    """The inputs a window shows: a language model's token ids `[B, T]`, else PAD `[B, 1]`."""
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return np.asarray(x, np.int32)
+    return np.full((x.shape[0], 1), PAD, np.int32)
+
+
+def read_batches(d: Decomposition, max_tokens: int) -> list[Batch]:
+    """The run's evaluation batches (steps counting down from EVAL_FOLD, as its evaluation
+    reads them): whole batches, as many as fit in `max_tokens` positions, at least one."""
+    cfg = d.config
+    batches = make_batches(cfg, d.recipe, key_tree(cfg.seed)[2], None, True, d.kind)
+    out, read = [batches(EVAL_FOLD)], 0
+    read = _inputs(out[0]).size
+    while read + _inputs(out[0]).size <= max_tokens:
+        out.append(batches(EVAL_FOLD - len(out)))
+        read += _inputs(out[-1]).size
+    return out
+
+
+def _token_counts(
+    fires: Bool[np.ndarray, "N A"], tokens: Int[np.ndarray, "B T"], vocab: int
+) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """`[A, vocab]` counts of the input token, and of the next one, at each firing."""
+    n, a = np.nonzero(fires)
+    flat, T, shape = tokens.reshape(-1), tokens.shape[1], (fires.shape[1], vocab)
+    has_next = n % T < T - 1
+    ones = np.ones(n.size, np.int64)
+    inputs = sp.csr_matrix((ones, (a, flat[n])), shape=shape)
+    after = sp.csr_matrix((ones[has_next], (a[has_next], flat[n[has_next] + 1])), shape=shape)
+    return inputs, after
+
+
+def _finished(
+    C: int, alive: np.ndarray, carry: Carry, tokens: tuple[sp.csr_matrix, sp.csr_matrix] | None
+) -> SiteHarvest:
+    count, ci_sum, hist, cofire, top, sample = jax.device_get(carry)
+
+    def picks(p: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        key, at, ci, inputs = (np.asarray(v) for v in p)
+        return key, np.where(np.isfinite(key), at, PAD), ci, inputs
+
+    inputs, after = (None, None) if tokens is None else tokens
+    return SiteHarvest(
+        C, alive, count, ci_sum, hist, picks(top), picks(sample), cofire, inputs, after
+    )
+
+
+def harvest(d: Decomposition, cfg: HarvestConfig = DEFAULTS, bar: bool = True) -> Harvest:
+    """The harvest of `d` over its held-out data (see the module's docstring)."""
+    batches = read_batches(d, cfg.max_tokens)
+    ci_of = jax.jit(d._ci)
+    fired: dict[str, np.ndarray] = {}
+    for x in batches:  # pass 1: who fires at all
+        for site, ci in ci_of(x).items():
+            once = np.asarray(jnp.any(_as_bt(ci) > cfg.threshold, axis=(0, 1)))
+            fired[site] = fired.get(site, once) | once
+    alive = {site: np.flatnonzero(f) for site, f in fired.items()}
+    tokens = jnp.issubdtype(batches[0].dtype, jnp.integer)
+    vocab = int(jax.eval_shape(d.clean, batches[0]).shape[-1]) if tokens else 0
+    counts: dict[str, tuple[sp.csr_matrix, sp.csr_matrix]] = {}
+    totals, next_totals = np.zeros(vocab, np.int64), np.zeros(vocab, np.int64)
+    if not tokens:  # a toy's example is one position: no neighbours to show
+        cfg = replace(cfg, window=0)
+    carries = {site: initial_carry(a.size, cfg) for site, a in alive.items()}
+    key, offset = jax.random.key(cfg.seed), 0
+    for b, x in enumerate(tqdm(batches, desc="harvest", unit="batch", disable=not bar)):
+        inputs, ci = _inputs(x), ci_of(x)
+        for i, (site, idx) in enumerate(alive.items()):
+            sub = jax.random.fold_in(key, b * len(alive) + i)
+            c = _as_bt(ci[site])[..., idx]
+            carries[site], fires = site_step(carries[site], c, inputs, sub, offset, cfg)
+            if tokens:
+                add = _token_counts(np.asarray(fires), inputs, vocab)
+                was = counts.get(site)
+                counts[site] = add if was is None else (was[0] + add[0], was[1] + add[1])
+        if tokens:
+            totals += np.bincount(inputs.reshape(-1), minlength=vocab)
+            next_totals += np.bincount(inputs[:, 1:].reshape(-1), minlength=vocab)
+        offset += inputs.size
+    sites = {
+        site: _finished(fired[site].size, idx, carries[site], counts.get(site))
+        for site, idx in alive.items()
+    }
+    if not tokens:
+        return Harvest(cfg, offset, 1, sites, None, None)
+    return Harvest(cfg, offset, batches[0].shape[1], sites, totals, next_totals)
+
+
+def save(h: Harvest, path: Path) -> None:
+    """The harvest as one `.npz`: `meta` (JSON: the config, `n_positions`, `seq_len`, the
+    sites), `token_counts` and `next_counts` (tokens only), and per site `SITE/NAME` for `C`,
+    `alive`, `count`, `ci_sum`, `hist`, `cofire`, `top_ci`, `top_at`, `top_ci_window`,
+    `top_inputs`, `sample_key`, `sample_at`, `sample_ci_window`, `sample_inputs` and, for
+    tokens, the CSR parts `inputs_data`, `inputs_indices`, `inputs_indptr` and the same for
+    `next_tokens` (the shapes in `SiteHarvest`; an empty pick's position is -1)."""
+    arrays: dict[str, np.ndarray] = {}
+    meta = {"config": asdict(h.config), "n_positions": h.n_positions, "seq_len": h.seq_len}
+    arrays["meta"] = np.asarray(json.dumps(meta | {"sites": list(h.sites)}))
+    if h.token_counts is not None and h.next_counts is not None:
+        arrays["token_counts"], arrays["next_counts"] = h.token_counts, h.next_counts
+    for name, s in h.sites.items():
+        parts = {"C": np.asarray(s.C), "alive": s.alive, "count": s.count, "ci_sum": s.ci_sum}
+        parts |= {"hist": s.hist, "cofire": s.cofire}
+        for which, picks in (("top", s.top), ("sample", s.sample)):
+            first = "ci" if which == "top" else "key"
+            for part, array in zip((first, "at", "ci_window", "inputs"), picks, strict=True):
+                parts[f"{which}_{part}"] = array
+        for which, counts in (("inputs", s.inputs), ("next_tokens", s.next_tokens)):
+            if counts is not None:
+                parts |= {f"{which}_{p}": getattr(counts, p) for p in ("data", "indices", "indptr")}
+        arrays |= {f"{name}/{key}": value for key, value in parts.items()}
+    savez: Callable[..., None] = np.savez_compressed  # its stub types **arrays as options
+    savez(path, **arrays)

@@ -1,0 +1,74 @@
+"""`python -m pd.inspect RUN_DIR`: the harvest of a finished run and its component browser,
+written into `RUN_DIR/inspect/` (`harvest.npz`, `components.html`)."""
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from pd.log import show_pd_logs
+from pd.train.config import ConfigError
+from pd.train.dashboard import page_data, write_page
+from pd.train.decomposition import Decomposition, load
+from pd.train.folder import RunFolder
+from pd.train.harvest import DEFAULTS, Harvest, HarvestConfig, harvest, save
+
+log = logging.getLogger(__name__)
+
+
+def probes(d: Decomposition) -> dict[str, np.ndarray] | None:
+    """A toy's CI on its one-hot probes (value 0.75), `{site: [n_features, C]}`; None for a
+    target that declares no known answer."""
+    known = d.known
+    if known is None:
+        return None
+    ci = d.ci(0.75 * jnp.eye(known.n_features))
+    return {site: np.asarray(c) for site, c in ci.items()}
+
+
+def inspect_run(run_dir: Path, cfg: HarvestConfig = DEFAULTS, bar: bool = True) -> Harvest:
+    """Harvest the run in `run_dir` and write `inspect/harvest.npz` and
+    `inspect/components.html` into it; returns the harvest."""
+    d = load(run_dir)
+    h = harvest(d, cfg, bar)
+    out = run_dir / "inspect"
+    out.mkdir(exist_ok=True)
+    save(h, out / "harvest.npz")
+    summary_file = RunFolder(run_dir).summary
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    title = f"{d.config.name}: {sum(s.alive.size for s in h.sites.values())} alive subcomponents"
+    data = page_data(h, d.kind.labels, summary, title, probes(d))
+    write_page(out / "components.html", data)
+    log.info("wrote %s and %s", out / "harvest.npz", out / "components.html")
+    return h
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; exit status 2 on a bad run folder or option."""
+    parser = argparse.ArgumentParser(prog="python -m pd.inspect", description=__doc__)
+    parser.add_argument("run_dir", type=Path, help="a finished run folder")
+    defaults = DEFAULTS
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    parser.add_argument("--threshold", type=float, default=defaults.threshold)
+    parser.add_argument("--k", type=int, default=defaults.k, help="top and sampled firings kept")
+    parser.add_argument("--no-bar", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if args.max_tokens < 1 or args.k < 1 or not 0 <= args.threshold < 1:
+        print(
+            f"error: --max-tokens {args.max_tokens}, --k {args.k} and --threshold "
+            f"{args.threshold}, expected positive counts and a threshold in [0, 1)",
+            file=sys.stderr,
+        )
+        return 2
+    show_pd_logs()
+    cfg = HarvestConfig(args.threshold, args.k, max_tokens=args.max_tokens)
+    try:
+        inspect_run(args.run_dir, cfg, not args.no_bar)
+    except (ConfigError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,165 @@
+"""The harvest (`pd.train.harvest`) against a brute-force NumPy computation over the same tokens,
+its sample's uniformity, and `python -m pd.inspect` on a TMS run (known answer: each alive
+subcomponent's strongest probe is its own feature)."""
+
+import json
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+from test_lm_recipe import TINY_LM, token_file
+
+import pd
+from pd.train import load_config, run
+from pd.train.dashboard import partners, pmi_rows
+from pd.train.decomposition import Decomposition
+from pd.train.harvest import (
+    PAD,
+    Harvest,
+    HarvestConfig,
+    harvest,
+    initial_carry,
+    read_batches,
+    site_step,
+)
+from pd.train.inspection import main
+
+CFG = HarvestConfig(threshold=0.1, k=3, window=2, bins=5, max_tokens=4 * 8 * 8)
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Decomposition, Harvest]:
+    folder = tmp_path_factory.mktemp("harvest")
+    overrides = [
+        'target.kinds=["q","down"]',
+        f'target.tokens="{token_file(folder)}"',
+        "target.train_steps=20",
+        "train.steps=10",
+        "train.faith_warmup_steps=2",
+        "eval.n_samples=16",
+        "eval.batch=8",
+        "eval.figures=false",
+    ]
+    d = run(load_config("tiny_llama", [*TINY_LM, *overrides]), folder / "run").decomposition
+    return d, harvest(d, CFG, bar=False)
+
+
+def _brute(d: Decomposition, site: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every position's CI `[N, C]` at `site` (from the program the harvest runs, so the values
+    are the same bits) and the token ids `[B · batches, T]`, in read order."""
+    batches, ci_of = read_batches(d, CFG.max_tokens), jax.jit(d._ci)
+    C = d.V[site].shape[1]
+    ci = np.concatenate([np.asarray(ci_of(x)[site]).reshape(-1, C) for x in batches])
+    return ci, np.concatenate([np.asarray(x) for x in batches])
+
+
+def test_the_harvest_equals_a_brute_force_count_over_the_same_tokens(
+    lm: tuple[Decomposition, Harvest],
+) -> None:
+    d, h = lm
+    assert len(read_batches(d, CFG.max_tokens)) == 4 and h.n_positions == 4 * 8 * 8
+    for site, s in h.sites.items():
+        ci, tokens = _brute(d, site)
+        fires = ci > CFG.threshold
+        alive = np.flatnonzero(fires.any(0))
+        np.testing.assert_array_equal(s.alive, alive)
+        f, c = fires[:, alive], ci[:, alive]
+        np.testing.assert_array_equal(s.count, f.sum(0))
+        np.testing.assert_allclose(s.ci_sum, c.sum(0), rtol=1e-5)
+        bins = np.clip((c * CFG.bins).astype(int), 0, CFG.bins - 1)
+        np.testing.assert_array_equal(s.hist, [np.bincount(b, minlength=CFG.bins) for b in bins.T])
+        np.testing.assert_array_equal(s.cofire, f.T.astype(int) @ f.astype(int))
+        flat, T = tokens.reshape(-1), tokens.shape[1]
+        for a in range(alive.size):
+            at = np.flatnonzero(f[:, a])
+            order = at[np.lexsort((at, -c[at, a]))][: CFG.k]  # CI descending, earlier first
+            got = s.top[1][a][s.top[1][a] != PAD]
+            np.testing.assert_array_equal(got, order)
+            for j, p in enumerate(order):
+                t = int(p) % T
+                for w, off in enumerate(range(-CFG.window, CFG.window + 1)):
+                    inside = 0 <= t + off < T
+                    want_tok = flat[p + off] if inside else PAD
+                    assert s.top[3][a, j, w] == want_tok
+                    assert s.top[2][a, j, w] == (ci[p + off, alive[a]] if inside else 0)
+            assert s.inputs is not None and s.next_tokens is not None
+            np.testing.assert_array_equal(
+                s.inputs.getrow(a).toarray()[0], np.bincount(flat[at], minlength=s.inputs.shape[1])
+            )
+            has_next = at[at % T < T - 1]
+            np.testing.assert_array_equal(
+                s.next_tokens.getrow(a).toarray()[0],
+                np.bincount(flat[has_next + 1], minlength=s.next_tokens.shape[1]),
+            )
+            sampled = s.sample[1][a][s.sample[1][a] != PAD]
+            assert sampled.size == min(CFG.k, at.size) and set(sampled) <= set(at)
+
+
+def test_pmi_and_partners_follow_their_definitions(lm: tuple[Decomposition, Harvest]) -> None:
+    _, h = lm
+    assert h.token_counts is not None
+    n = h.token_counts.sum()
+    for s in h.sites.values():
+        assert s.inputs is not None
+        for a, (high, low) in enumerate(pmi_rows(s.inputs, s.count, h.token_counts, 3)):
+            row = s.inputs.getrow(a).toarray()[0]
+            seen = np.flatnonzero(row)
+            pmi = np.log(row[seen] * n / (s.count[a] * h.token_counts[seen]))
+            assert [t for t, _ in high] == seen[np.lexsort((seen, -pmi))][:3].tolist()
+            assert [t for t, _ in low] == seen[np.lexsort((seen, pmi))][:3].tolist()
+        idx, jac = partners(s.cofire, s.count, 2)
+        for a in range(s.count.size):
+            for j, v in zip(idx[a], jac[a], strict=True):
+                union = s.count[a] + s.count[j] - s.cofire[a, j]
+                assert j != a and v == pytest.approx(s.cofire[a, j] / max(union, 1))
+
+
+def test_the_sample_of_firings_is_uniform() -> None:
+    """One subcomponent firing at every one of 3 × 8 positions, a sample of 2 drawn 3000 times
+    with different keys: each position is kept 2/24 of the time (a chi-square test that a
+    sampler keeping early or late firings fails)."""
+    cfg = HarvestConfig(k=2, window=0, bins=2)
+    ci = jnp.ones((2, 4, 1))  # [B, T, A]: 8 positions a batch, all firing
+    x = jnp.zeros((2, 4), jnp.int32)
+
+    def draw(key: jax.Array) -> jax.Array:
+        carry = initial_carry(1, cfg)
+        for b in range(3):
+            sub = jax.random.fold_in(key, b)
+            carry, _ = site_step(carry, ci, x, sub, jnp.int32(8 * b), cfg)
+        return carry[5][1][0]
+
+    keys = jax.random.split(jax.random.key(0), 3000)
+    kept = np.asarray(jax.jit(jax.vmap(draw))(keys)).reshape(-1)
+    counts = np.bincount(kept, minlength=24)
+    assert counts.sum() == 6000 and np.all(kept >= 0)
+    assert stats.chisquare(counts).pvalue > 1e-3, counts
+
+
+@pytest.mark.slow
+def test_inspect_of_a_tms_run_finds_each_features_own_subcomponent(tmp_path: Path) -> None:
+    config = load_config("tms_5-2", ["eval.n_samples=20000", "eval.figures=false"])
+    run(config, tmp_path / "tms")
+    assert main([str(tmp_path / "tms"), "--no-bar", "--max-tokens", "50000"]) == 0
+    page = (tmp_path / "tms" / "inspect" / "components.html").read_text()
+    found = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
+    assert found is not None
+    data = json.loads(found.group(1).replace("<\\/", "</"))
+    cards = data["cards"]
+    summary = json.loads((tmp_path / "tms" / "summary.json").read_text())
+    assert len(cards) == summary["alive/linear1"] + summary["alive/linear2"] == 10
+    d = pd.load(tmp_path / "tms")
+    probe_ci = d.ci(0.75 * jnp.eye(5))
+    for site in ("linear1", "linear2"):
+        probes = sorted(card["probe"] for card in cards if card["s"] == site)
+        assert probes == [0, 1, 2, 3, 4]  # one subcomponent per feature
+        for card in cards:
+            if card["s"] == site:
+                assert int(np.argmax(np.asarray(probe_ci[site])[:, card["c"]])) == card["probe"]
+    with np.load(tmp_path / "tms" / "inspect" / "harvest.npz") as saved:
+        batch = config.eval.batch  # whole evaluation batches, as many as fit
+        assert json.loads(str(saved["meta"]))["n_positions"] == 50000 // batch * batch
