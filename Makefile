@@ -41,11 +41,12 @@ test: $(VENV)/.installed
 		$(CURDIR)/examples/downstream
 
 # Day-to-day: the unit and property tests, without the slow ones and nothing run end to end
-# (tests/conftest.py marks those `e2e`); the whole suite is `make test`. Their compiled programs
-# are kept in .jax-cache/ between runs (most of their time is XLA compiles).
+# (tests/conftest.py marks those `e2e`), each property on a few examples (the `fast` hypothesis
+# profile); the whole suite is `make test`. Their compiled programs are kept in .jax-cache/
+# between runs (most of their time is XLA compiles).
 test-fast: $(VENV)/.installed
 	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.3 \
-		$(PY) -m pytest -n $(TEST_WORKERS) \
+		$(PY) -m pytest -n $(TEST_WORKERS) --hypothesis-profile=fast \
 		--dist loadfile -q -m "not slow and not e2e"
 
 check: $(VENV)/.installed

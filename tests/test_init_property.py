@@ -7,6 +7,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from jax.sharding import AxisType, Mesh
@@ -44,6 +45,7 @@ def _unrolled_vu(table: SiteTable, key: jax.Array) -> list[tuple[np.ndarray, np.
     return out
 
 
+@pytest.mark.slow  # over 10 s: `make test-fast` leaves it to the full suite
 @given(
     seed=st.integers(0, 2**31 - 1),
     shapes=st.lists(SITE, min_size=1, max_size=5),

@@ -255,6 +255,7 @@ def test_bf16_params_compute_in_bf16_and_return_fp32_logits(params: hk.Params) -
     assert err < 0.05 * float(jnp.max(jnp.abs(ref)))
 
 
+@pytest.mark.slow  # over 10 s: `make test-fast` leaves it to the full suite
 def test_resume_from_the_clean_taps_equals_the_whole_forward_and_its_gradient() -> None:
     """A masked pass resumed at the first decomposed layer (layer 1 of 3) from the clean pass's
     residual stream gives the whole forward's logits and the same gradient on the components."""

@@ -208,6 +208,7 @@ def test_s18_steps_drawn_in_one_call_follow_the_step_by_step_loop() -> None:
         np.testing.assert_allclose(np.asarray(last[k]), np.asarray(v), rtol=1e-5, err_msg=k)
 
 
+@pytest.mark.slow  # over 10 s: `make test-fast` leaves it to the full suite
 def test_bf16_compute_rounds_matmul_operands_and_keeps_float32_state_and_losses() -> None:
     """`train.compute_dtype = "bf16"`: each matmul (and both of its gradient's) is of the
     bf16-rounded operands, accumulated in float32; parameters, optimizer state and losses stay
@@ -310,6 +311,7 @@ def test_the_initializers_compile_options_draw_the_same_state() -> None:
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # over 10 s: `make test-fast` leaves it to the full suite
 def test_the_steps_compile_options_take_the_same_steps() -> None:
     """On a CPU the step programs are compiled with 512-bit vectors and, for a per-subcomponent
     CI function, YNNPACK for dots only (`pd.xla.compiler_options`), for speed alone: five steps
@@ -338,6 +340,7 @@ def test_the_steps_compile_options_take_the_same_steps() -> None:
         np.testing.assert_allclose(np.asarray(a), np.asarray(default), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # over 10 s: `make test-fast` leaves it to the full suite
 def test_passes_reuse_the_clean_products_at_sites_with_a_clean_input(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -376,6 +379,7 @@ def test_passes_reuse_the_clean_products_at_sites_with_a_clean_input(
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # over 10 s: `make test-fast` leaves it to the full suite
 def test_bf16_moment_dtype_keeps_first_moments_in_bf16_and_the_rest_float32() -> None:
     """`train.moment_dtype = "bf16"`: every first Adam moment (components, CI function, sources)
     is bfloat16 and stays so through a step; masters, second moments and counts keep their

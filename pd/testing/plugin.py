@@ -44,6 +44,13 @@ PROFILES = {
         suppress_health_check=[HealthCheck.too_slow],
     ),
     "dev": settings(deadline=None, max_examples=25),
+    # `make test-fast`: every property still tried, on a few examples.
+    "fast": settings(
+        deadline=None,
+        max_examples=3,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    ),
 }
 
 
@@ -96,7 +103,7 @@ def _instruments(finder: object, package: str) -> bool:
 
 
 def use_profiles() -> None:
-    """Register the `ci` and `dev` hypothesis profiles; load `ci` under `$CI`, else
+    """Register the `ci`, `dev` and `fast` hypothesis profiles; load `ci` under `$CI`, else
     `$HYPOTHESIS_PROFILE` or `dev`."""
     for name, profile in PROFILES.items():
         settings.register_profile(name, profile)
