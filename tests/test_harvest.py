@@ -1,10 +1,5 @@
 """The harvest (`pd.train.harvest`) against a brute-force NumPy computation over the same tokens,
-its sample's uniformity, and `python -m pd.inspect` on a TMS run (known answer: each alive
-subcomponent's strongest probe is its own feature)."""
-
-import json
-import re
-from pathlib import Path
+and its sample's uniformity; `python -m pd.inspect` on a TMS run is in test_convergence.py."""
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +8,6 @@ import pytest
 from scipy import stats
 from test_lm_recipe import TINY_LM, token_file
 
-import pd
 from pd.train import load_config, run
 from pd.train.dashboard import partners, pmi_rows
 from pd.train.decomposition import Decomposition
@@ -26,7 +20,6 @@ from pd.train.harvest import (
     read_batches,
     site_step,
 )
-from pd.train.inspection import main
 
 CFG = HarvestConfig(threshold=0.1, k=3, window=2, bins=5, max_tokens=4 * 8 * 8)
 
@@ -138,28 +131,3 @@ def test_the_sample_of_firings_is_uniform() -> None:
     counts = np.bincount(kept, minlength=24)
     assert counts.sum() == 6000 and np.all(kept >= 0)
     assert stats.chisquare(counts).pvalue > 1e-3, counts
-
-
-@pytest.mark.slow
-def test_inspect_of_a_tms_run_finds_each_features_own_subcomponent(tmp_path: Path) -> None:
-    config = load_config("tms_5-2", ["eval.n_samples=20000", "eval.figures=false"])
-    run(config, tmp_path / "tms")
-    assert main([str(tmp_path / "tms"), "--no-bar", "--max-tokens", "50000"]) == 0
-    page = (tmp_path / "tms" / "inspect" / "components.html").read_text()
-    found = re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
-    assert found is not None
-    data = json.loads(found.group(1).replace("<\\/", "</"))
-    cards = data["cards"]
-    summary = json.loads((tmp_path / "tms" / "summary.json").read_text())
-    assert len(cards) == summary["alive/linear1"] + summary["alive/linear2"] == 10
-    d = pd.load(tmp_path / "tms")
-    probe_ci = d.ci(0.75 * jnp.eye(5))
-    for site in ("linear1", "linear2"):
-        probes = sorted(card["probe"] for card in cards if card["s"] == site)
-        assert probes == [0, 1, 2, 3, 4]  # one subcomponent per feature
-        for card in cards:
-            if card["s"] == site:
-                assert int(np.argmax(np.asarray(probe_ci[site])[:, card["c"]])) == card["probe"]
-    with np.load(tmp_path / "tms" / "inspect" / "harvest.npz") as saved:
-        batch = config.eval.batch  # whole evaluation batches, as many as fit
-        assert json.loads(str(saved["meta"]))["n_positions"] == 50000 // batch * batch
