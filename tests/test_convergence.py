@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from browser import CHROMIUM, DRIVER, console_errors, opened
+from selenium.webdriver.common.by import By
 
 import pd
 from pd.train import load_config
@@ -89,6 +91,10 @@ def test_inspect_finds_each_features_own_subcomponent(pair: tuple[Path, SweepRes
         assert sorted(card["probe"] for card in mine) == [0, 1, 2, 3, 4]  # one per feature
         for card in mine:
             assert int(np.argmax(np.asarray(probe_ci[site])[:, card["c"]])) == card["probe"]
+    if CHROMIUM is not None and DRIVER is not None:  # the page of a real run, in a browser
+        with opened(folder / "inspect" / "components.html") as driver:
+            assert driver.find_element(By.ID, "count").text == "10 of 10 alive subcomponents"
+            assert console_errors(driver) == []
     with np.load(folder / "inspect" / "harvest.npz") as saved:
         batch = load_config("tms_5-2", OVERRIDES).eval.batch  # whole batches, as many as fit
         assert json.loads(str(saved["meta"]))["n_positions"] == 50000 // batch * batch
