@@ -131,3 +131,22 @@ def test_the_sample_of_firings_is_uniform() -> None:
     counts = np.bincount(kept, minlength=24)
     assert counts.sum() == 6000 and np.all(kept >= 0)
     assert stats.chisquare(counts).pvalue > 1e-3, counts
+
+
+def test_active_names_each_tokens_most_important_subcomponents(
+    lm: tuple[Decomposition, Harvest],
+) -> None:
+    d, _ = lm
+    tokens = [3, 1, 4, 1, 5]
+    ci = d.ci(np.asarray([tokens]))
+    got = d.active(tokens, top=2)
+    assert [at.token for at in got] == tokens
+    for t, at in enumerate(got):
+        assert set(at.top) == set(d.sites)
+        for site, best in at.top.items():
+            row = np.asarray(ci[site][0, t])
+            want = [int(j) for j in np.argsort(-row, kind="stable")[:2] if row[j] > 0]
+            assert [c for c, _ in best] == want
+            assert [v for _, v in best] == pytest.approx([float(row[j]) for j in want])
+    with pytest.raises(ValueError, match="reads no text"):
+        d.active("some text")

@@ -120,6 +120,13 @@ def token_source(cfg: LlamaConfig, held_out: bool = False) -> TokenSource:
     return source
 
 
+def token_ids(cfg: LlamaConfig, text: str) -> list[int]:
+    """The token ids of `text` by the checkpoint's tokenizer (a `text` config), as the text
+    file's documents are tokenized."""
+    tokenizer, _ = _tokenizer(cfg)
+    return list(tokenizer.encode(text).ids)
+
+
 def token_labels(cfg: LlamaConfig, ids: list[int]) -> list[str]:
     """The text of each token of a `text` config, for figures."""
     tokenizer, _ = _tokenizer(cfg)

@@ -46,6 +46,16 @@ def _require(ok: bool, message: str, error: type[Exception] = ValueError) -> Non
 
 
 @dataclass(frozen=True)
+class Active:
+    """One position of an input: its token, and per site its most important subcomponents as
+    `(index, CI)`, highest CI first."""
+
+    token: int
+    text: str
+    top: dict[str, list[tuple[int, float]]]
+
+
+@dataclass(frozen=True)
 class Decomposition:
     """The trained V/U and CI function of a run, with its frozen target."""
 
@@ -104,6 +114,34 @@ class Decomposition:
                 m = np.asarray(jnp.max(c.reshape(-1, c.shape[-1]), axis=0))
                 most[site] = np.maximum(most.get(site, m), m)
         return {site: m > ALIVE_THRESHOLD for site, m in most.items()}
+
+    def active(self, text_or_tokens: str | Sequence[int], top: int = 5) -> list[Active]:
+        """Per token of `text_or_tokens` (text, for a target that reads text, or token ids), the
+        `top` subcomponents with the highest CI at each site (those with CI above 0)."""
+        if isinstance(text_or_tokens, str):
+            encode = self.kind.encoder
+            _require(
+                encode is not None,
+                "text_or_tokens is text, but this run's target reads no text (target.text is "
+                "empty), expected token ids",
+            )
+            assert encode is not None
+            ids = encode(text_or_tokens)
+        else:
+            ids = [int(i) for i in text_or_tokens]
+        _require(bool(ids), "text_or_tokens has no tokens, expected at least one")
+        ci = {site: np.asarray(c[0]) for site, c in self.ci(np.asarray([ids], np.int32)).items()}
+        labels = self.kind.labels
+        texts = labels(ids) if labels is not None else [str(i) for i in ids]
+        out = []
+        for t, (token, text) in enumerate(zip(ids, texts, strict=True)):
+            best = {site: np.argsort(-c[t], kind="stable")[:top] for site, c in ci.items()}
+            per_site = {
+                site: [(int(j), float(ci[site][t, j])) for j in order if ci[site][t, j] > 0]
+                for site, order in best.items()
+            }
+            out.append(Active(token, text, per_site))
+        return out
 
     @cached_property
     def _input(self) -> jax.ShapeDtypeStruct:

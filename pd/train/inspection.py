@@ -1,5 +1,6 @@
 """`python -m pd.inspect RUN_DIR`: the harvest of a finished run and its component browser,
-written into `RUN_DIR/inspect/` (`harvest.npz`, `components.html`)."""
+written into `RUN_DIR/inspect/` (`harvest.npz`, `components.html`); with `--text "…"`, each
+token's most important subcomponents per site."""
 
 import argparse
 import json
@@ -47,6 +48,17 @@ def inspect_run(run_dir: Path, cfg: HarvestConfig = DEFAULTS, bar: bool = True) 
     return h
 
 
+def active_table(d: Decomposition, text: str, top: int = 5) -> str:
+    """Per token of `text`, each site's most important subcomponents: `index (CI)`."""
+    lines = []
+    for at in d.active(text, top):
+        lines.append(repr(at.text))
+        for site, best in at.top.items():
+            shown = "  ".join(f"{c} ({ci:.2f})" for c, ci in best) or "-"
+            lines.append(f"    {site}: {shown}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line; exit status 2 on a bad run folder or option."""
     parser = argparse.ArgumentParser(prog="python -m pd.inspect", description=__doc__)
@@ -56,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=defaults.threshold)
     parser.add_argument("--k", type=int, default=defaults.k, help="top and sampled firings kept")
     parser.add_argument("--no-bar", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--text", help="print each token's most important subcomponents per site instead"
+    )
     args = parser.parse_args(argv)
     if args.max_tokens < 1 or args.k < 1 or not 0 <= args.threshold < 1:
         print(
@@ -67,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     show_pd_logs()
     cfg = HarvestConfig(args.threshold, args.k, max_tokens=args.max_tokens)
     try:
+        if args.text is not None:
+            print(active_table(load(args.run_dir), args.text))
+            return 0
         inspect_run(args.run_dir, cfg, not args.no_bar)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -15,15 +15,13 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
 from jaxtyping import Array, Int, Key, PyTree
 
-from pd.shard import global_batch
 from pd.state import TrainState
 from pd.targets.base import Batch, Target, ToyTarget
 from pd.targets.configs import FactoryConfig, LlamaConfig, TargetConfig, ToyConfig
 from pd.targets.llama import Llama
-from pd.targets.lm import build_llama, load_llama, token_labels, token_source
+from pd.targets.lm import build_llama, load_llama, token_ids, token_labels, token_source
 from pd.targets.train import TrainedTarget, load_or_train, trained_shapes
 from pd.train.ahead import shape_dtype
 from pd.train.config import ConfigError, EvalConfig, RunConfig
@@ -34,6 +32,7 @@ from pd.train.step import Sampler, ToySampler, make_sampler
 
 Batches = Callable[[int], Batch]  # the global batch of a step (S18), placed on the mesh
 Labels = Callable[[list[int]], list[str]]  # token ids → their text, for figures
+Encoder = Callable[[str], list[int]]  # text → token ids
 HostBatches = Callable[[int], np.ndarray | jax.Array]
 # A language model's frozen weights are held in bf16, as a production run loads them.
 FROZEN_DTYPE = jnp.bfloat16
@@ -63,6 +62,11 @@ class TargetKind(abc.ABC):
     @property
     def labels(self) -> Labels | None:
         """Token ids → their text, for figures, where the target has text."""
+        return None
+
+    @property
+    def encoder(self) -> Encoder | None:
+        """Text → token ids, where the target reads text."""
         return None
 
     @abc.abstractmethod
@@ -197,6 +201,11 @@ class LanguageModelKind(TargetKind):
     def labels(self) -> Labels | None:
         cfg = self.cfg
         return (lambda ids: token_labels(cfg, ids)) if cfg.text else None
+
+    @property
+    def encoder(self) -> Encoder | None:
+        cfg = self.cfg
+        return (lambda text: token_ids(cfg, text)) if cfg.text else None
 
     def build(self, C: int) -> Target:
         return build_llama(self.cfg, C)
@@ -385,10 +394,3 @@ def reseeded(cfg: TargetConfig, seed: int) -> TargetConfig | None:
     if isinstance(cfg, FactoryConfig):
         return None
     return dataclasses.replace(cfg, seed=seed)
-
-
-def placed(batches: HostBatches, mesh: Mesh | None) -> Batches:
-    """Batches on the mesh (built with `make_array_from_process_local_data`), or as they are."""
-    if mesh is None:
-        return lambda step: jnp.asarray(batches(step))
-    return lambda step: global_batch(np.asarray(batches(step)), mesh)

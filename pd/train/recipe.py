@@ -2,12 +2,15 @@
 `run`, `pd.load` and `--compile-only`."""
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 
 from pd.ci import CIFunction, PerSiteCI
 from pd.ci.chunkwise import chunkwise_ci
+from pd.shard import global_batch
 from pd.train.config import ConfigError, RunConfig
-from pd.train.kinds import Batches, Draw, TargetKind, kind_of, placed
+from pd.train.kinds import Batches, Draw, HostBatches, TargetKind, kind_of
 from pd.train.objective import Recipe
 
 
@@ -53,3 +56,10 @@ def make_batches(
     kind = kind or kind_of(config.target)
     size = config.eval.batch if evaluation else config.train.batch
     return placed(kind.batches(Draw(config.seed, size, recipe.target, run_key), evaluation), mesh)
+
+
+def placed(batches: HostBatches, mesh: Mesh | None) -> Batches:
+    """Batches on the mesh (built with `make_array_from_process_local_data`), or as they are."""
+    if mesh is None:
+        return lambda step: jnp.asarray(batches(step))
+    return lambda step: global_batch(np.asarray(batches(step)), mesh)
