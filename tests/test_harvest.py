@@ -1,6 +1,8 @@
 """The harvest (`pd.train.harvest`) against a brute-force NumPy computation over the same tokens,
 and its sample's uniformity; `python -m pd.inspect` on a TMS run is in test_convergence.py."""
 
+from typing import cast
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +22,7 @@ from pd.train.harvest import (
     read_batches,
     site_step,
 )
+from pd.train.inspection import output_tokens
 
 CFG = HarvestConfig(threshold=0.1, k=3, window=2, bins=5, max_tokens=4 * 8 * 8)
 
@@ -150,3 +153,22 @@ def test_active_names_each_tokens_most_important_subcomponents(
             assert [v for _, v in best] == pytest.approx([float(row[j]) for j in want])
     with pytest.raises(ValueError, match="reads no text"):
         d.active("some text")
+
+
+def test_output_tokens_read_a_residual_writers_direction_through_the_unembedding(
+    lm: tuple[Decomposition, Harvest],
+) -> None:
+    d, h = lm
+    extras, tokens = output_tokens(d, h, top=3)
+    assert set(extras) == {s for s in h.sites if s.endswith(".mlp.down")}  # q writes no stream
+    p = d.frozen["~"]
+    for site, fields in extras.items():
+        s = h.sites[site]
+        U = np.asarray(d.U[site], np.float64)[s.alive]
+        head = np.asarray(p["head"], np.float64)
+        logits = (U * np.asarray(p["final_norm"], np.float64)) @ head
+        rows = cast(list[list[list[tuple[int, float]]]], fields["out"])  # as output_tokens builds
+        for a, (high, low) in enumerate(rows):
+            assert [t for t, _ in high] == np.argsort(-logits[a], kind="stable")[:3].tolist()
+            assert [t for t, _ in low] == np.argsort(logits[a], kind="stable")[:3].tolist()
+            assert {t for t, _ in high} | {t for t, _ in low} <= tokens

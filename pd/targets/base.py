@@ -42,6 +42,13 @@ class TargetBase:
     def apply(self, params: hk.Params, x: Batch, sites: Sites) -> tuple[Output, Taps]:
         raise NotImplementedError
 
+    def logit_directions(
+        self, params: hk.Params, site: str, write: Float[Array, "A d_out"]
+    ) -> Float[Array, "A vocab"] | None:
+        """Rows written into the residual stream at `site`, read out as logits (see
+        `Target.logit_directions`): None, a target without a vocabulary."""
+        return None
+
     def frozen_axes(self, params: FrozenShapes) -> FrozenAxes:
         """The logical axes of the frozen parameters: none (replicated), unless a target says
         how its matrices are stored over a mesh."""
@@ -81,6 +88,14 @@ class Target(Protocol):
         ...
 
     def forward(self, params: hk.Params, x: Batch, sites: Sites) -> Output: ...
+
+    def logit_directions(
+        self, params: hk.Params, site: str, write: Float[Array, "A d_out"]
+    ) -> Float[Array, "A vocab"] | None:
+        """Each row of `write`, added to the residual stream by `site`, read out directly
+        through the final norm's scale and the unembedding (the logit weights of sparse-
+        autoencoder dashboards); None where the site does not write the residual stream."""
+        ...
 
     def weights(self, params: hk.Params) -> dict[str, Float[Array, "_L _d_in _d_out"]]:
         """The frozen W of every decomposed kind, stacked over the target's layers."""

@@ -187,6 +187,17 @@ class Llama(TargetBase):
         gradient."""
         return self.remat == "full"
 
+    def logit_directions(
+        self, params: hk.Params, site: str, write: Float[Array, "A d_out"]
+    ) -> Float[Array, "A vocab"] | None:
+        """`o` and `down` write the residual stream; the other kinds do not (None)."""
+        if not site.endswith((".attn.o", ".mlp.down")):
+            return None
+        p = params["~"]
+        head = p["embed"].T if self.arch.tie_embeddings else p["head"]
+        out: Float[Array, "A vocab"] = (write * p["final_norm"]) @ head
+        return out
+
     def init(self, key: Key[Array, ""]) -> hk.Params:
         """Small fp32 init for training in-process: matrices N(0, 0.02²), norm weights 1."""
         params: hk.Params = self._net.init(key, jnp.zeros((1, 1), jnp.int32), FROZEN)

@@ -58,8 +58,12 @@ def _picks(p: tuple[np.ndarray, ...], a: int) -> list[list[list[float | int]]]:
     ]
 
 
+# Per site, more fields of its cards: `{field: one value per alive subcomponent}`.
+Extras = dict[str, dict[str, list[object]]]
+
+
 def _site_cards(
-    name: str, s: SiteHarvest, h: Harvest, probes: np.ndarray | None
+    name: str, s: SiteHarvest, h: Harvest, extras: dict[str, list[object]]
 ) -> list[dict[str, object]]:
     n = max(h.n_positions, 1)
     order, jac = partners(s.cofire, s.count, 5)
@@ -87,8 +91,7 @@ def _site_cards(
         }
         for key, rows in tables.items():
             card[key] = [[[t, round(v, 2)] for t, v in part] for part in rows[a]]
-        if probes is not None:
-            card["probe"] = int(np.argmax(probes[:, c]))
+        card |= {key: values[a] for key, values in extras.items()}
         cards.append(card)
     return cards
 
@@ -111,16 +114,19 @@ def page_data(
     labels: Labels | None,
     summary: dict[str, float],
     title: str,
-    probes: dict[str, np.ndarray] | None = None,
+    extras: Extras | None = None,
+    more_tokens: set[int] | None = None,
 ) -> dict[str, object]:
     """What the page embeds: the run's summary, one row per site, one card per alive
-    subcomponent, and the text of every token the cards show."""
+    subcomponent (with the `extras` fields of its site), and the text of every token the cards
+    show (`more_tokens`: those the extras show)."""
+    extras = extras or {}
     cards = [
         card
         for name, s in h.sites.items()
-        for card in _site_cards(name, s, h, None if probes is None else probes[name])
+        for card in _site_cards(name, s, h, extras.get(name, {}))
     ]
-    ordered = sorted(_shown_tokens(h))
+    ordered = sorted(_shown_tokens(h) | (more_tokens or set()))
     texts = labels(ordered) if labels is not None and ordered else [str(i) for i in ordered]
     sites = [
         {

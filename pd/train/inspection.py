@@ -8,12 +8,13 @@ import logging
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pd.log import show_pd_logs
 from pd.train.config import ConfigError
-from pd.train.dashboard import page_data, write_page
+from pd.train.dashboard import Extras, page_data, write_page
 from pd.train.decomposition import Decomposition, load
 from pd.train.folder import RunFolder
 from pd.train.harvest import DEFAULTS, Harvest, HarvestConfig, harvest, save
@@ -21,14 +22,45 @@ from pd.train.harvest import DEFAULTS, Harvest, HarvestConfig, harvest, save
 log = logging.getLogger(__name__)
 
 
-def probes(d: Decomposition) -> dict[str, np.ndarray] | None:
-    """A toy's CI on its one-hot probes (value 0.75), `{site: [n_features, C]}`; None for a
-    target that declares no known answer."""
+def probe_answers(d: Decomposition, h: Harvest) -> Extras:
+    """For a toy (a declared known answer): each alive subcomponent's strongest one-hot probe
+    (value 0.75), `{site: {"probe": [feature, ...]}}`; nothing for other targets."""
     known = d.known
     if known is None:
-        return None
+        return {}
     ci = d.ci(0.75 * jnp.eye(known.n_features))
-    return {site: np.asarray(c) for site, c in ci.items()}
+    return {
+        site: {"probe": [int(i) for i in np.argmax(np.asarray(ci[site])[:, s.alive], axis=0)]}
+        for site, s in h.sites.items()
+    }
+
+
+def output_tokens(d: Decomposition, h: Harvest, top: int = 10) -> tuple[Extras, set[int]]:
+    """For each alive subcomponent of a site that writes the residual stream, the `top` tokens
+    whose logits its write direction `U_c` raises and lowers most, read out directly through
+    the final norm's scale and the unembedding (`Target.logit_directions`):
+    `{site: {"out": [[[token, logit], ...], [[token, logit], ...]], ...}}`, and those tokens."""
+    extras: Extras = {}
+    tokens: set[int] = set()
+    for site, s in h.sites.items():
+        logits = d.target.logit_directions(d.frozen, site, d.U[site][s.alive])
+        if logits is None:
+            continue
+        rows = []
+        for sign in (1.0, -1.0):
+            vals, ids = jax.lax.top_k(sign * logits, top)
+            rows.append((np.asarray(ids), sign * np.asarray(vals)))
+        extras[site] = {
+            "out": [
+                [
+                    [[int(t), round(float(v), 3)] for t, v in zip(i[a], v[a], strict=True)]
+                    for i, v in rows
+                ]
+                for a in range(s.alive.size)
+            ]
+        }
+        tokens.update(int(t) for i, _ in rows for t in i.reshape(-1))
+    return extras, tokens
 
 
 def inspect_run(run_dir: Path, cfg: HarvestConfig = DEFAULTS, bar: bool = True) -> Harvest:
@@ -42,7 +74,9 @@ def inspect_run(run_dir: Path, cfg: HarvestConfig = DEFAULTS, bar: bool = True) 
     summary_file = RunFolder(run_dir).summary
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     title = f"{d.config.name}: {sum(s.alive.size for s in h.sites.values())} alive subcomponents"
-    data = page_data(h, d.kind.labels, summary, title, probes(d))
+    outputs, tokens = output_tokens(d, h)
+    extras = {site: probe_answers(d, h).get(site, {}) | outputs.get(site, {}) for site in h.sites}
+    data = page_data(h, d.kind.labels, summary, title, extras, tokens)
     write_page(out / "components.html", data)
     log.info("wrote %s and %s", out / "harvest.npz", out / "components.html")
     return h
