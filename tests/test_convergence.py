@@ -73,6 +73,13 @@ def test_the_two_seeds_find_each_others_subcomponents(pair: tuple[Path, SweepRes
         assert len(set(match.b.tolist())) == 5, same.table()  # one partner each
         assert shuffled.sites[site].mean < match.mean, (same.table(), shuffled.table())
     assert compare_main([str(out / "seed-0"), str(out / "seed-1")]) == 0
+    # The sweep reports the same, per member, against its first member.
+    first, second = pair[1].members
+    mean = float(np.mean([m.mean for m in same.sites.values()]))
+    assert first.consistency is None and second.consistency == pytest.approx(mean, abs=1e-6)
+    record = json.loads((out / "sweep.json").read_text())["members"]
+    assert record[1]["consistency_with_first"] == pytest.approx(mean, abs=1e-6)
+    assert f"{mean:.4f}" in (out / "sweep.txt").read_text()
 
 
 @pytest.mark.slow

@@ -1,13 +1,17 @@
 """What a sweep leaves behind: each member's result, the table, `sweep.json`."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import haiku as hk
+import numpy as np
 
 from pd.compile_times import CompileTimes
 from pd.state import TrainState
+from pd.train.compare import compare
+from pd.train.config import ConfigError
+from pd.train.decomposition import load
 from pd.train.folder import RunFolder
 from pd.train.sweep.spec import Member
 
@@ -32,6 +36,10 @@ class MemberResult:
     state: TrainState
     frozen: hk.Params
     diverged: str = ""  # the sentence a single run would have stopped with
+    # Seed consistency with the sweep's first finished member of the same target: the mean
+    # over sites of the mean best |cosine| (`pd.train.compare`); None for that member itself,
+    # a diverged one, or one of another target.
+    consistency: float | None = None
 
     @property
     def recovered(self) -> bool | None:
@@ -53,7 +61,8 @@ class SweepResult:
         return sum(m.recovered is True for m in self.members)
 
     def table(self) -> str:
-        """One row per member: recovered, CI errors, MMCS, the divergence under CI masks (targets
+        """One row per member: recovered, seed consistency with the first member (`vs first`), CI
+        errors, MMCS, the divergence under CI masks (targets
         evaluated by `pd.train.evaluate_masks`: a caller's own, language models), CI-L0; then
         the count recovered."""
         families = (
@@ -73,7 +82,7 @@ class SweepResult:
             for k in keys
         ]
         width = max(len(m.member.name) for m in self.members)
-        head = f"{'member':<{width}}  {'recovered':<9}  " + "  ".join(
+        head = f"{'member':<{width}}  {'recovered':<9}  {'vs first':>8}  " + "  ".join(
             f"{s:>{max(len(s), 7)}}" for s in short
         )
         lines = [head]
@@ -86,7 +95,8 @@ class SweepResult:
                 for k, s in zip(keys, short, strict=True)
             ]
             text = "  ".join(cells) if not m.diverged else m.diverged
-            lines.append(f"{m.member.name:<{width}}  {verdicts[m.recovered]:<9}  {text}")
+            vs = "-" if m.consistency is None else f"{m.consistency:.4f}"
+            lines.append(f"{m.member.name:<{width}}  {verdicts[m.recovered]:<9}  {vs:>8}  {text}")
         judged = [m for m in self.members if m.recovered is not None]
         if judged:
             lines.append(
@@ -95,6 +105,26 @@ class SweepResult:
             )
         lines.append(f"wall time {self.wall_s:.1f} s for {len(self.members)} members")
         return "\n".join(lines)
+
+
+def with_consistency(result: SweepResult, tmp_dir: Path) -> SweepResult:
+    """`result` with each finished member's seed consistency with the first finished member of
+    the same target, read back from the members' folders in `tmp_dir` (unchanged where they
+    cannot be loaded without the caller: a target given in Python)."""
+    done = [m for m in result.members if m.run_dir is not None]
+    if len(done) < 2:
+        return result
+    try:
+        first = load(tmp_dir / done[0].member.name)
+    except ConfigError:
+        return result
+    scores = {}
+    for m in done[1:]:
+        if m.member.config.target == done[0].member.config.target:
+            sites = compare(first, load(tmp_dir / m.member.name)).sites.values()
+            scores[m.member.name] = float(np.nanmean([s.mean for s in sites]))
+    members = tuple(replace(m, consistency=scores.get(m.member.name)) for m in result.members)
+    return replace(result, members=members)
 
 
 def write_summary(result: SweepResult, tmp_dir: Path) -> None:
@@ -110,6 +140,7 @@ def write_summary(result: SweepResult, tmp_dir: Path) -> None:
                 "target_seed": target_seed,
                 "recovered": m.recovered,
                 "diverged": m.diverged,
+                "consistency_with_first": m.consistency,
                 "summary": m.summary,
             }
         )

@@ -28,7 +28,7 @@ from pd.train.results import write_results
 from pd.train.rundir import check_destination, mark_finished, staged
 from pd.train.sweep.chunk import Chunk, member_state
 from pd.train.sweep.programs import Group, compile_ahead, group_members, make_programs
-from pd.train.sweep.result import MemberResult, SweepResult, write_summary
+from pd.train.sweep.result import MemberResult, SweepResult, with_consistency, write_summary
 from pd.train.sweep.spec import SweepSpec
 
 log = logging.getLogger(__name__)
@@ -218,5 +218,6 @@ def sweep(
         order = {m.name: i for i, m in enumerate(spec.members)}
         results.sort(key=lambda r: order[r.member.name])
         result = SweepResult(sweep_dir, tuple(results), compile_times, time.perf_counter() - t0)
+        result = with_consistency(result, tmp_dir)
         write_summary(result, tmp_dir)
     return result
