@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 from test_lm_recipe import TINY_LM, token_file
 
+from pd.train import harvest as harvest_module
 from pd.train import load_config, run
 from pd.train.dashboard import partners, pmi_rows
 from pd.train.decomposition import Decomposition
@@ -24,7 +25,7 @@ from pd.train.harvest import (
 )
 from pd.train.inspection import output_tokens
 
-CFG = HarvestConfig(threshold=0.1, k=3, window=2, bins=5, max_tokens=4 * 8 * 8)
+CFG = HarvestConfig(threshold=0.1, k=3, window=2, bins=5, max_tokens=4 * 8 * 8, rows=8)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Decomposition, Harvest
 def _brute(d: Decomposition, site: str) -> tuple[np.ndarray, np.ndarray]:
     """Every position's CI `[N, C]` at `site` (from the program the harvest runs, so the values
     are the same bits) and the token ids `[B · batches, T]`, in read order."""
-    batches, ci_of = read_batches(d, CFG.max_tokens), jax.jit(d._ci)
+    batches, ci_of = read_batches(d, CFG.max_tokens, CFG.rows), jax.jit(d._ci)
     C = d.V[site].shape[1]
     ci = np.concatenate([np.asarray(ci_of(x)[site]).reshape(-1, C) for x in batches])
     return ci, np.concatenate([np.asarray(x) for x in batches])
@@ -57,7 +58,7 @@ def test_the_harvest_equals_a_brute_force_count_over_the_same_tokens(
     lm: tuple[Decomposition, Harvest],
 ) -> None:
     d, h = lm
-    assert len(read_batches(d, CFG.max_tokens)) == 4 and h.n_positions == 4 * 8 * 8
+    assert len(read_batches(d, CFG.max_tokens, CFG.rows)) == 4 and h.n_positions == 4 * 8 * 8
     for site, s in h.sites.items():
         ci, tokens = _brute(d, site)
         fires = ci > CFG.threshold
@@ -172,3 +173,26 @@ def test_output_tokens_read_a_residual_writers_direction_through_the_unembedding
             assert [t for t, _ in high] == np.argsort(-logits[a], kind="stable")[:3].tolist()
             assert [t for t, _ in low] == np.argsort(logits[a], kind="stable")[:3].tolist()
             assert {t for t, _ in high} | {t for t, _ in low} <= tokens
+
+
+def test_two_passes_keep_what_one_pass_keeps(
+    lm: tuple[Decomposition, Harvest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site over `ONE_PASS_C` subcomponents is read twice, the second time for the alive ones
+    alone: the same statistics (the random sample aside, whose keys are drawn per column)."""
+    d, one = lm
+    monkeypatch.setattr(harvest_module, "ONE_PASS_C", 0)
+    two = harvest(d, CFG, bar=False)
+    for site, s in one.sites.items():
+        t = two.sites[site]
+        for a, b in [
+            (s.alive, t.alive),
+            (s.count, t.count),
+            (s.hist, t.hist),
+            (s.cofire, t.cofire),
+        ]:
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(s.top, t.top, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert s.inputs is not None and t.inputs is not None
+        assert (s.inputs != t.inputs).nnz == 0

@@ -1,7 +1,8 @@
 """What each subcomponent responds to: the run's held-out data streamed through the CI function.
 
 `harvest(decomposition)` reads the run's evaluation batches (held-out token windows of a
-language model, fresh samples of a toy) up to `max_tokens` positions, twice:
+language model, fresh samples of a toy) up to `max_tokens` positions, twice where a site has
+more than `ONE_PASS_C` subcomponents (else once, keeping every subcomponent until the end):
 
 1. which subcomponents fire (CI > `threshold`) anywhere: the alive ones, the only ones kept;
 2. per site, for every alive subcomponent, in jitted accumulators whose size does not grow
@@ -36,6 +37,10 @@ from pd.train.evaluate import EVAL_FOLD
 from pd.train.recipe import make_batches
 
 PAD = -1  # an input outside the sequence, or the position of an empty pick
+# Up to this many subcomponents a site, the harvest reads the data once, keeping every one
+# (co-firing counts C × C) and dropping those that never fired; beyond it, a first pass finds
+# the alive ones and the second keeps only them.
+ONE_PASS_C = 2048
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class HarvestConfig:
     bins: int = 20  # CI histogram bins over [0, 1]
     max_tokens: int = 200_000  # positions read at most (examples, for a toy)
     seed: int = 0  # the sample's random keys
+    # Examples per batch read; 0: the run's eval.batch, and for tokens at least 4096 positions.
+    rows: int = 0
 
 
 DEFAULTS = HarvestConfig()
@@ -182,10 +189,14 @@ def _inputs(x: Batch) -> np.ndarray:
     return np.full((x.shape[0], 1), PAD, np.int32)
 
 
-def read_batches(d: Decomposition, max_tokens: int) -> list[Batch]:
+def read_batches(d: Decomposition, max_tokens: int, rows: int = 0) -> list[Batch]:
     """The run's evaluation batches (steps counting down from EVAL_FOLD, as its evaluation
-    reads them): whole batches, as many as fit in `max_tokens` positions, at least one."""
+    reads them) of `rows` examples (see `HarvestConfig.rows`): whole batches, as many as fit in
+    `max_tokens` positions, at least one."""
     cfg = d.config
+    if not rows:
+        rows = max(cfg.eval.batch, 4096 // d.kind.seq_len) if d.kind.seq_len else cfg.eval.batch
+    cfg = replace(cfg, eval=replace(cfg.eval, batch=rows))
     batches = make_batches(cfg, d.recipe, key_tree(cfg.seed)[2], None, True, d.kind)
     out, read = [batches(EVAL_FOLD)], 0
     read = _inputs(out[0]).size
@@ -223,15 +234,37 @@ def _finished(
     )
 
 
+def _alive_only(s: SiteHarvest) -> SiteHarvest:
+    """`s` without the subcomponents that never fired (a one-pass harvest keeps every one)."""
+    keep = s.count > 0
+    if keep.all():
+        return s
+    k = np.flatnonzero(keep)
+    return SiteHarvest(
+        s.C,
+        s.alive[k],
+        s.count[k],
+        s.ci_sum[k],
+        s.hist[k],
+        tuple(p[k] for p in s.top),
+        tuple(p[k] for p in s.sample),
+        s.cofire[np.ix_(k, k)],
+        None if s.inputs is None else s.inputs[k],
+        None if s.next_tokens is None else s.next_tokens[k],
+    )
+
+
 def harvest(d: Decomposition, cfg: HarvestConfig = DEFAULTS, bar: bool = True) -> Harvest:
     """The harvest of `d` over its held-out data (see the module's docstring)."""
-    batches = read_batches(d, cfg.max_tokens)
+    batches = read_batches(d, cfg.max_tokens, cfg.rows)
     ci_of = jax.jit(d._ci)
-    fired: dict[str, np.ndarray] = {}
-    for x in batches:  # pass 1: who fires at all
+    sizes = {site: int(d.V[site].shape[-1]) for site in d.sites}
+    one_pass = max(sizes.values()) <= ONE_PASS_C
+    fired = {site: np.ones(C, bool) for site, C in sizes.items()}
+    for x in [] if one_pass else batches:  # pass 1: who fires at all
         for site, ci in ci_of(x).items():
             once = np.asarray(jnp.any(_as_bt(ci) > cfg.threshold, axis=(0, 1)))
-            fired[site] = fired.get(site, once) | once
+            fired[site] = once if x is batches[0] else fired[site] | once
     alive = {site: np.flatnonzero(f) for site, f in fired.items()}
     tokens = jnp.issubdtype(batches[0].dtype, jnp.integer)
     vocab = int(jax.eval_shape(d.clean, batches[0]).shape[-1]) if tokens else 0
@@ -256,7 +289,7 @@ def harvest(d: Decomposition, cfg: HarvestConfig = DEFAULTS, bar: bool = True) -
             next_totals += np.bincount(inputs[:, 1:].reshape(-1), minlength=vocab)
         offset += inputs.size
     sites = {
-        site: _finished(fired[site].size, idx, carries[site], counts.get(site))
+        site: _alive_only(_finished(sizes[site], idx, carries[site], counts.get(site)))
         for site, idx in alive.items()
     }
     if not tokens:
