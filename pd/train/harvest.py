@@ -165,7 +165,7 @@ def site_step(
     as_float = fires.astype(jnp.float32)  # counts of a batch are exact in float32
     cofire = cofire + (as_float.T @ as_float).astype(jnp.int32)
     bin_of = jnp.clip((flat * cfg.bins).astype(jnp.int32), 0, cfg.bins - 1)
-    hist = hist + jax.nn.one_hot(bin_of, cfg.bins, dtype=jnp.int32).sum(0)
+    hist = hist.at[jnp.arange(flat.shape[1])[None, :], bin_of].add(1)  # no [N, A, bins] one-hot
     k, w = cfg.k, cfg.window
     by_ci = _candidates(jnp.where(fires, flat, -jnp.inf), ci, x, k, w)
     u = jax.random.uniform(key, flat.shape)
