@@ -52,10 +52,8 @@ def _picks(p: tuple[np.ndarray, ...], a: int) -> list[list[list[float | int]]]:
     """One subcomponent's picks as `[[CI window], [input window]]` (empty picks left out)."""
     _, at, ci, inputs = p
     keep = at[a] != PAD
-    return [
-        [np.round(c, 3).tolist(), i.tolist()]
-        for c, i in zip(ci[a][keep], inputs[a][keep], strict=True)
-    ]
+    cis, ids = np.round(ci[a][keep], 3).tolist(), inputs[a][keep].tolist()
+    return [[c, i] for c, i in zip(cis, ids, strict=True)]
 
 
 # Per site, more fields of its cards: `{field: one value per alive subcomponent}`.

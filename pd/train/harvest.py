@@ -198,11 +198,10 @@ def read_batches(d: Decomposition, max_tokens: int, rows: int = 0) -> list[Batch
         rows = max(cfg.eval.batch, 4096 // d.kind.seq_len) if d.kind.seq_len else cfg.eval.batch
     cfg = replace(cfg, eval=replace(cfg.eval, batch=rows))
     batches = make_batches(cfg, d.recipe, key_tree(cfg.seed)[2], None, True, d.kind)
-    out, read = [batches(EVAL_FOLD)], 0
-    read = _inputs(out[0]).size
-    while read + _inputs(out[0]).size <= max_tokens:
+    out = [batches(EVAL_FOLD)]
+    size = _inputs(out[0]).size  # positions a batch
+    while (len(out) + 1) * size <= max_tokens:
         out.append(batches(EVAL_FOLD - len(out)))
-        read += _inputs(out[-1]).size
     return out
 
 
@@ -259,13 +258,14 @@ def harvest(d: Decomposition, cfg: HarvestConfig = DEFAULTS, bar: bool = True) -
     batches = read_batches(d, cfg.max_tokens, cfg.rows)
     ci_of = jax.jit(d._ci)
     sizes = {site: int(d.V[site].shape[-1]) for site in d.sites}
-    one_pass = max(sizes.values()) <= ONE_PASS_C
-    fired = {site: np.ones(C, bool) for site, C in sizes.items()}
-    for x in [] if one_pass else batches:  # pass 1: who fires at all
-        for site, ci in ci_of(x).items():
-            once = np.asarray(jnp.any(_as_bt(ci) > cfg.threshold, axis=(0, 1)))
-            fired[site] = once if x is batches[0] else fired[site] | once
-    alive = {site: np.flatnonzero(f) for site, f in fired.items()}
+    if max(sizes.values()) <= ONE_PASS_C:  # every subcomponent, the silent ones dropped at the end
+        alive = {site: np.arange(C) for site, C in sizes.items()}
+    else:  # pass 1: who fires at all
+        fired = {site: np.zeros(C, bool) for site, C in sizes.items()}
+        for x in batches:
+            for site, ci in ci_of(x).items():
+                fired[site] |= np.asarray(jnp.any(_as_bt(ci) > cfg.threshold, axis=(0, 1)))
+        alive = {site: np.flatnonzero(f) for site, f in fired.items()}
     tokens = jnp.issubdtype(batches[0].dtype, jnp.integer)
     vocab = int(jax.eval_shape(d.clean, batches[0]).shape[-1]) if tokens else 0
     counts: dict[str, tuple[sp.csr_matrix, sp.csr_matrix]] = {}

@@ -75,7 +75,8 @@ def inspect_run(run_dir: Path, cfg: HarvestConfig = DEFAULTS, bar: bool = True) 
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     title = f"{d.config.name}: {sum(s.alive.size for s in h.sites.values())} alive subcomponents"
     outputs, tokens = output_tokens(d, h)
-    extras = {site: probe_answers(d, h).get(site, {}) | outputs.get(site, {}) for site in h.sites}
+    probes = probe_answers(d, h)
+    extras = {site: probes.get(site, {}) | outputs.get(site, {}) for site in h.sites}
     data = page_data(h, d.kind.labels, summary, title, extras, tokens)
     write_page(out / "components.html", data)
     log.info("wrote %s and %s", out / "harvest.npz", out / "components.html")
