@@ -47,7 +47,8 @@ def main() -> None:
     for n in (int(v) for v in args.layers.split(",")):
         clear_caches()  # each shape compiles from scratch
         t0 = time.perf_counter()
-        times, flops = compile_only(load_config("llama8b_full", [f"target.n_layers={n}"]))
+        report = compile_only(load_config("llama8b_full", [f"target.n_layers={n}"]))
+        times, flops = report.times, report.flops
         wall = time.perf_counter() - t0
         for name in ("init_train_state", "train_step"):
             r = times.by_name[name]
@@ -61,7 +62,8 @@ def main() -> None:
         n = args.count_flops_at
         clear_caches()
         with loops.unrolled():
-            times, flops = compile_only(load_config("llama8b_full", [f"target.n_layers={n}"]))
+            report = compile_only(load_config("llama8b_full", [f"target.n_layers={n}"]))
+            times, flops = report.times, report.flops
         print(
             f"every loop unrolled at {n} layers: train_step {flops['train_step'] / 1e12:.3f} "
             f"TFLOP per device per step ({times.by_name['train_step']['compile_s']:.1f} s compile)"

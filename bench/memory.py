@@ -31,7 +31,7 @@ def main() -> None:
     )
     import jax
 
-    from pd.train.compile_only import compile_programs
+    from pd.train.compile_only import compile_programs, memory
     from pd.train.config import load_config
 
     clear_caches: Callable[[], None] = jax.clear_caches  # unannotated upstream
@@ -42,16 +42,13 @@ def main() -> None:
             overrides = [f"mesh.data={d}", f"train.batch={d}", f"eval.batch={d}"]
             overrides += [f"target.n_layers={n}", *args.set]
             _, compiled = compile_programs(load_config("llama8b_full", overrides))
-            m = compiled["train_step"].memory_analysis()
+            m = memory(compiled["train_step"])
             if m is None:
                 sys.exit("XLA gave no memory analysis for train_step on this backend")
-            args_b, out_b = m.argument_size_in_bytes, m.output_size_in_bytes
-            alias_b, temp_b = m.alias_size_in_bytes, m.temp_size_in_bytes
-            peak = args_b + out_b - alias_b + temp_b
             print(
-                f"devices={d} layers={n} args_gib={args_b / gib:.1f} out_gib={out_b / gib:.1f} "
-                f"aliased_gib={alias_b / gib:.1f} temp_gib={temp_b / gib:.1f} "
-                f"peak_gib={peak / gib:.1f}",
+                f"devices={d} layers={n} args_gib={m.arguments / gib:.1f} "
+                f"out_gib={m.outputs / gib:.1f} aliased_gib={m.aliased / gib:.1f} "
+                f"temp_gib={m.temporaries / gib:.1f} peak_gib={m.peak / gib:.1f}",
                 flush=True,
             )
 

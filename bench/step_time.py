@@ -97,8 +97,8 @@ def step_flops(preset: str, overrides: list[str]) -> float:
     from pd.train.compile_only import compile_only
 
     with loops.unrolled():
-        _, flops = compile_only(load_config(preset, overrides))
-    return flops["train_step"]
+        report = compile_only(load_config(preset, overrides))
+    return report.flops["train_step"]
 
 
 def counted_flops(preset: str, overrides: list[str], devices: int) -> float:

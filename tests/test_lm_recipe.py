@@ -394,8 +394,11 @@ def test_compile_only_lowers_init_and_step_on_abstract_inputs() -> None:
     # Two kinds in two groups, as the runs above: a third of the compile of all seven
     # (`tests/test_scan_step.py` compiles the preset's seven).
     config = load_config("tiny_llama", [*TINY_LM, 'target.kinds=["q","down"]', "mesh.data=4"])
-    times, flops = compile_only(config)
-    assert flops["train_step"] > 0
+    report = compile_only(config)
+    times = report.times
+    assert report.flops["train_step"] > 0
+    m = report.step_memory
+    assert m is not None and m.arguments > 0 and m.temporaries > 0
     for name in ("init_train_state", "train_step"):
         assert times.by_name[name]["compile_s"] > 0.0, name
     # What `--compile-only` prints: a function under the threshold is counted, and no file it

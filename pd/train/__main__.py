@@ -172,11 +172,18 @@ def _compile_only(config: RunConfig) -> int:
     setup_logging()
     from pd.train.compile_only import compile_only
 
-    times, flops = compile_only(config)
-    print(times.table(written=""))  # (compiling only writes nothing)
-    for name, value in flops.items():
+    report = compile_only(config)
+    print(report.times.table(written=""))  # (compiling only writes nothing)
+    for name, value in report.flops.items():
         tflop = value / 1e12
         print(f"{name}: {tflop:.3f} TFLOP per device (XLA cost analysis, loop bodies once)")
+    m = report.step_memory
+    if m is not None:
+        print(
+            f"train_step memory per device: {_size(m.peak)} (arguments {_size(m.arguments)}, "
+            f"temporaries {_size(m.temporaries)}, outputs {_size(m.outputs)} of which "
+            f"{_size(m.aliased)} reuse the arguments' buffers)"
+        )
     return 0
 
 

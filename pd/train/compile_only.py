@@ -2,6 +2,8 @@
 inputs (`jax.ShapeDtypeStruct`s carrying their shardings) — nothing is allocated, so a
 production-shaped run's compile cost can be measured on simulated CPU devices."""
 
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 from jax.stages import Compiled
@@ -24,14 +26,51 @@ def abstract(tree: object, shardings: object) -> object:
     )
 
 
-def compile_only(config: RunConfig) -> tuple[CompileTimes, dict[str, float]]:
-    """Lower and compile the run's initializer and step; returns the compile table and each
-    compiled program's FLOPs as XLA's cost analysis counts them (per device)."""
+@dataclass(frozen=True)
+class Memory:
+    """A compiled program's memory on one device, in bytes, from XLA's `memory_analysis()`."""
+
+    arguments: int
+    outputs: int
+    aliased: int  # outputs that reuse an argument's buffer (the donated train state)
+    temporaries: int
+
+    @property
+    def peak(self) -> int:
+        """Arguments, outputs not aliased to them and temporaries: the program's footprint."""
+        return self.arguments + self.outputs - self.aliased + self.temporaries
+
+
+def memory(compiled: Compiled) -> Memory | None:
+    """The program's memory per device; None where the backend gives no analysis."""
+    m = compiled.memory_analysis()
+    if m is None:
+        return None
+    return Memory(
+        m.argument_size_in_bytes,
+        m.output_size_in_bytes,
+        m.alias_size_in_bytes,
+        m.temp_size_in_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What `--compile-only` measures: the compile table, each program's FLOPs as XLA's cost
+    analysis counts them (loop bodies once) and the step's memory, all per device."""
+
+    times: CompileTimes
+    flops: dict[str, float]
+    step_memory: Memory | None
+
+
+def compile_only(config: RunConfig) -> CompileReport:
+    """Lower and compile the run's initializer and step, and report what it costs."""
     times, compiled = compile_programs(config)
     flops = {
         name: float((c.cost_analysis() or {}).get("flops", 0.0)) for name, c in compiled.items()
     }
-    return times, flops
+    return CompileReport(times, flops, memory(compiled["train_step"]))
 
 
 def compile_programs(config: RunConfig) -> tuple[CompileTimes, dict[str, Compiled]]:
