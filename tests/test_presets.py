@@ -11,6 +11,7 @@ def test_the_shipped_presets() -> None:
         "llama8b_full",
         "resid_mlp1",
         "smollm2",
+        "smollm2_full",
         "tiny_llama",
         "tms_40-10",
         "tms_5-2",
@@ -36,5 +37,9 @@ def test_preset_builds(preset: str) -> None:
             "down": 10240,
         }
         assert len(recipe.table.names) == 224
+    elif preset == "smollm2_full":  # every matrix, C = its rank (3 KV heads of 64 for k, v)
+        Cs = {name.rsplit(".", 1)[1]: recipe.table.spec(name).C for name in recipe.table.names}
+        assert Cs == {"q": 576, "k": 192, "v": 192, "o": 576, "gate": 576, "up": 576, "down": 576}
+        assert len(recipe.table.names) == 210
     else:
         assert all(site.C == config.C for site in recipe.table.sites)

@@ -171,6 +171,13 @@ class EvalConfig(Validated):
     # Examples per evaluation batch; a multiple of mesh.data for a language model.
     batch: int = 10_000
     figures: bool = True  # draw the figures (PNG) into the run folder at each evaluation
+    # Ascent steps of a fresh adversarial mask found after training (not the persistent one),
+    # one divergence per count ("kl/pgd_20", …); empty: none. Not for the toys, whose
+    # evaluation reads their known answers.
+    pgd_steps: tuple[int, ...] = (20, 80)
+    # Examples the fresh adversary is fitted on, in whole batches of eval.batch from the first.
+    pgd_samples: int = 32
+    pgd_lr: float = 0.05  # Adam step size of the fresh adversary's ascent (sources in [0, 1])
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,18 @@
 """Evaluation of any target's decomposition (SPEC §13): the divergence of the masked model from
-the clean one (KL for language models, MSE otherwise) under CI, unmasked, stochastic, zero and
-adversarial masks, and for language models the cross-entropy of each; CI-L0 and alive counts."""
+the clean one (KL for language models, MSE otherwise) under CI-valued, rounded (CI > 0 and
+CI > 0.5), unmasked, stochastic, zero, persistent adversarial and fresh adversarial masks, and
+for language models the cross-entropy of each; CI-L0 and alive counts per site and per layer."""
 
 from collections.abc import Callable
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int, Key
 
+from pd import loops
+from pd.adversary import SourceAdam, Sources, ascend, init_source_adam, init_sources
 from pd.decompose import Constant, Draw, Persistent
 from pd.state import TrainState
 from pd.targets.base import Batch, Output
@@ -20,7 +24,8 @@ from pd.train.evaluate import (
     known_answer_metrics,
     site_max,
 )
-from pd.train.objective import Metrics, Recipe, ci_l0
+from pd.train.objective import Metrics, PassInputs, Recipe, adversarial_recon, ci_l0
+from pd.train.report import per_layer
 from pd.xla import compiler_options, one_per_value
 
 Tokens = Int[Array, "B T"]
@@ -48,8 +53,14 @@ def make_mask_eval_step(recipe: Recipe) -> MaskEvalFn:
     ) -> tuple[Metrics, tuple[Float[Array, "_n _C"], ...]]:
         ci, inp = recipe.pass_inputs(state.ci_params, state.components, frozen, x)
         no_ci = inp._replace(ci_lower=tuple(jnp.zeros_like(lower) for lower in ci.lower))
+
+        def rounded(above: float) -> PassInputs:
+            return inp._replace(ci_lower=tuple((c > above).astype(c.dtype) for c in ci.lower))
+
         outputs: dict[str, Output] = {
             "ci_masked": recipe.all_live_output(inp, Constant(0.0)),
+            "rounded_0": recipe.all_live_output(rounded(0.0), Constant(0.0)),
+            "rounded_0.5": recipe.all_live_output(rounded(0.5), Constant(0.0)),
             "unmasked": recipe.all_live_output(inp, Constant(1.0)),
             "stochastic": recipe.all_live_output(inp, Draw(key)),
             "zero_masked": recipe.all_live_output(no_ci, Constant(0.0)),
@@ -67,6 +78,40 @@ def make_mask_eval_step(recipe: Recipe) -> MaskEvalFn:
         return metrics, tuple(site_max(lower) for lower in ci.lower)
 
     fn: MaskEvalFn = jax.jit(eval_step, compiler_options=compiler_options(recipe.ci_fn))
+    return fn
+
+
+PgdFn = Callable[[TrainState, hk.Params, Batch, Key[Array, ""]], Metrics]
+
+
+@one_per_value
+def make_pgd_eval(recipe: Recipe, steps: tuple[int, ...], lr: float) -> PgdFn:
+    """Jitted: the divergence under a fresh adversarial mask (S1 masks from sources of their
+    own per example, and per position for token batches, drawn `U[0, 1)`) after each count of
+    `steps` Adam ascents of that divergence, with the sources projected onto [0, 1] (S15)."""
+    div = recipe.target.divergence
+
+    def pgd(state: TrainState, frozen: hk.Params, x: Batch, key: Key[Array, ""]) -> Metrics:
+        _, inp = recipe.pass_inputs(state.ci_params, state.components, frozen, x)
+        scope = x.shape if jnp.issubdtype(x.dtype, jnp.integer) else x.shape[:-1]
+        sources = init_sources(key, 0, recipe.table, scope)
+
+        def value(s: Sources) -> Float[Array, ""]:
+            return adversarial_recon(recipe, inp, s)
+
+        def ascent(
+            carry: tuple[Sources, SourceAdam], _: None
+        ) -> tuple[tuple[Sources, SourceAdam], Float[Array, ""]]:
+            d, g = jax.value_and_grad(value)(carry[0])
+            return ascend(*carry, g, jnp.float32(lr), 0.9, 0.999, 1e-8), d
+
+        (last, _), before = loops.scan(
+            ascent, (sources, init_source_adam(sources)), None, max(steps)
+        )
+        values = jnp.append(before, value(last))  # values[n]: after n ascents
+        return {f"{div}/pgd_{n}": values[n] for n in steps}
+
+    fn: PgdFn = jax.jit(pgd, compiler_options=compiler_options(recipe.ci_fn))
     return fn
 
 
@@ -90,6 +135,18 @@ def evaluate_masks(
         for b in range(n_batches)
     )
     summary, ci_max = accumulate(recipe.table, results)
+    if cfg.pgd_steps:
+        pgd = make_pgd_eval(recipe, cfg.pgd_steps, cfg.pgd_lr)
+        pgd_key = jax.random.fold_in(key, EVAL_FOLD)  # batches' keys count up from 0
+        n_pgd = min(n_batches, max(1, -(-cfg.pgd_samples // cfg.batch)))
+        rows = [
+            jax.device_get(
+                pgd(state, frozen, batches(EVAL_FOLD - b), jax.random.fold_in(pgd_key, b))
+            )
+            for b in range(n_pgd)
+        ]
+        summary.update({k: float(np.mean([r[k] for r in rows])) for k in rows[0]})
+    summary.update(per_layer(summary, recipe.table))
     div = recipe.target.divergence
     zero = summary[f"{div}/zero_masked"]
     summary[f"{div}_ratio/ci_masked_vs_zero"] = summary[f"{div}/ci_masked"] / max(zero, 1e-12)

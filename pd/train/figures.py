@@ -137,6 +137,9 @@ def _ci_over_rows(
         for n, v in recipe.table.views(jax.device_get(ci.lower)).items()
     }
     words = None if labels is None else [repr(w)[1:-1] for w in labels(np.asarray(x[0]).tolist())]
+    if len(views) > MANY_SITES:
+        _active_by_layer(recipe, views, words, sequence, path)
+        return
     n = len(views)
     cols = min(n, 7 if words is None else 4)
     rows = -(-n // cols)
@@ -156,6 +159,66 @@ def _ci_over_rows(
         else:
             ax.set_yticks(range(len(words)), words, fontsize=6)
     fig.suptitle(f"causal importance over {'one sequence' if sequence else 'examples'}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+MANY_SITES = 28  # more sites than this: CI figures per kind over the layers, not per site
+
+
+def _active_by_layer(
+    recipe: Recipe,
+    views: dict[str, np.ndarray],
+    words: list[str] | None,
+    sequence: bool,
+    path: Path,
+) -> None:
+    """The CI figure of a target with many sites: one panel per kind, the number of its
+    subcomponents with CI > 0.1 at each position (or example) down and each layer across."""
+    table = recipe.table
+    kinds = list(dict.fromkeys(table.spec(n).kind for n in table.names))
+    layers = sorted({table.spec(n).layer for n in table.names})
+    rows = next(iter(views.values())).shape[0]
+    fig = Figure(figsize=(2.2 + 0.12 * len(layers), 0.8 + 0.16 * rows) if words else (3, 3))
+    fig.set_figwidth(fig.get_figwidth() * len(kinds))
+    axes = fig.subplots(1, len(kinds), squeeze=False)[0]
+    for ax, kind in zip(axes, kinds, strict=True):
+        grid = np.full((rows, len(layers)), np.nan)
+        for name in table.names:
+            spec = table.spec(name)
+            if spec.kind == kind:
+                grid[:, layers.index(spec.layer)] = np.sum(views[name] > ALIVE_THRESHOLD, axis=1)
+        image = ax.imshow(grid, cmap="viridis", aspect="auto", interpolation="nearest")
+        ax.set_title(f"{kind}: CI > {ALIVE_THRESHOLD} count", fontsize=8)
+        ax.set_xticks(range(0, len(layers), 5), [str(v) for v in layers[::5]], fontsize=6)
+        ax.set_xlabel("layer", fontsize=7)
+        if words is not None:
+            ax.set_yticks(range(len(words)), words, fontsize=5)
+        else:
+            ax.set_ylabel("position" if sequence else "example", fontsize=7)
+        fig.colorbar(image, ax=ax, fraction=0.08)
+    fig.suptitle(f"active subcomponents over {'one sequence' if sequence else 'examples'}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def layer_bars(summary: dict[str, float], path: Path) -> None:
+    """`layers.png`: per layer, C, alive and CI-L0 (log scale) and CI-L0 / alive."""
+    layers = sorted(int(k.removeprefix("layer_C/")) for k in summary if k.startswith("layer_C/"))
+    fig = Figure(figsize=(max(6.0, 0.3 * len(layers) + 2), 6))
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    x = np.arange(len(layers))
+    for i, (family, label) in enumerate((("C", "C"), ("alive", "alive"), ("ci_l0", "CI-L0"))):
+        values = [summary[f"layer_{family}/{layer}"] for layer in layers]
+        top.bar(x + (i - 1) * 0.27, values, width=0.27, label=label)
+    top.set_yscale("log")
+    top.legend(fontsize=7)
+    top.set_title("subcomponents per layer (summed over its sites)", fontsize=9)
+    ratio = [100 * summary[f"layer_ci_l0_over_alive/{layer}"] for layer in layers]
+    bottom.bar(x, ratio, color="tab:purple")
+    bottom.set_ylabel("CI-L0 / alive (%)", fontsize=8)
+    bottom.set_xticks(x, [str(v) for v in layers], fontsize=7)
+    bottom.set_xlabel("layer")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

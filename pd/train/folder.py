@@ -22,6 +22,11 @@ class RunFolder:
         return self.path / "summary.json"
 
     @property
+    def evaluation(self) -> Path:
+        """The summary as tables: one row per mask kind, one per layer (`pd.train.report`)."""
+        return self.path / "evaluation.md"
+
+    @property
     def decomposition(self) -> Path:
         """The trained V/U and CI parameters (`pd.train.arrays`)."""
         return self.path / "decomposition.npz"

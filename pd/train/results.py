@@ -18,6 +18,7 @@ from pd.train.config import EvalConfig
 from pd.train.folder import RunFolder
 from pd.train.kinds import Batches, TargetKind
 from pd.train.objective import Recipe
+from pd.train.report import evaluation_markdown
 
 # A run's evaluation: its summary, with the figures drawn into the folder given.
 Evaluation = Callable[[TrainState, Path], dict[str, float]]
@@ -45,6 +46,10 @@ def evaluation(
             drawn = pool.submit(_draw, kind, recipe, state, frozen, x, folder)
             out = summary()
         drawn.result()  # raises what drawing raised
+        if "ci_l0_over_alive/max_layer" in out:
+            from pd.train.figures import layer_bars
+
+            layer_bars(out, folder / "layers.png")
         return out
 
     return evaluate
@@ -84,11 +89,14 @@ def write_results(
     summary["time/total_s"] = time.perf_counter() - t0
     summary_json = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False)
     files.summary.write_text(summary_json)
+    if tables := evaluation_markdown(summary):
+        files.evaluation.write_text(tables)
     return summary
 
 
-def summary_table(summary: dict[str, float]) -> str:
-    """The console table: one row per metric family, one column per site."""
+def summary_table(summary: dict[str, float], widest: int = 8) -> str:
+    """The console table: one row per metric family, one column per site (a family of more
+    than `widest` sites or layers as its range), then the tables of `evaluation.md`."""
     rows: dict[str, dict[str, float]] = {}
     for key, value in summary.items():
         family, _, site = key.partition("/")
@@ -96,6 +104,11 @@ def summary_table(summary: dict[str, float]) -> str:
     lines = []
     width = max(len(f) for f in rows)
     for family, cells in sorted(rows.items()):
-        text = "  ".join(f"{site}={value:.4g}" for site, value in cells.items())
+        if len(cells) > widest:
+            values = list(cells.values())
+            text = f"{len(values)} values, min={min(values):.4g} max={max(values):.4g}"
+        else:
+            text = "  ".join(f"{site}={value:.4g}" for site, value in cells.items())
         lines.append(f"{family:<{width}}  {text}")
-    return "\n".join(lines)
+    tables = evaluation_markdown(summary)
+    return "\n".join(lines) + (f"\n\n{tables}" if tables else "")
