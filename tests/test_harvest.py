@@ -1,6 +1,9 @@
 """The harvest (`pd.train.harvest`) against a brute-force NumPy computation over the same tokens,
 and its sample's uniformity; `python -m pd.inspect` on a TMS run is in test_convergence.py."""
 
+import json
+from functools import partial
+from pathlib import Path
 from typing import cast
 
 import jax
@@ -12,12 +15,13 @@ from test_lm_recipe import TINY_LM, token_file
 
 from pd.train import harvest as harvest_module
 from pd.train import load_config, run
-from pd.train.dashboard import partners, pmi_rows
+from pd.train.dashboard import page_data, partners, pmi_rows, write_page
 from pd.train.decomposition import Decomposition
 from pd.train.harvest import (
     PAD,
     Harvest,
     HarvestConfig,
+    batch_ci,
     harvest,
     initial_carry,
     read_batches,
@@ -48,7 +52,8 @@ def lm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Decomposition, Harvest
 def _brute(d: Decomposition, site: str) -> tuple[np.ndarray, np.ndarray]:
     """Every position's CI `[N, C]` at `site` (from the program the harvest runs, so the values
     are the same bits) and the token ids `[B · batches, T]`, in read order."""
-    batches, ci_of = read_batches(d, CFG.max_tokens, CFG.rows), jax.jit(d._ci)
+    batches = read_batches(d, CFG.max_tokens, CFG.rows)
+    ci_of = partial(batch_ci, d)
     C = d.V[site].shape[1]
     ci = np.concatenate([np.asarray(ci_of(x)[site]).reshape(-1, C) for x in batches])
     return ci, np.concatenate([np.asarray(x) for x in batches])
@@ -196,3 +201,32 @@ def test_two_passes_keep_what_one_pass_keeps(
             np.testing.assert_array_equal(a, b)
         assert s.inputs is not None and t.inputs is not None
         assert (s.inputs != t.inputs).nnz == 0
+
+
+def test_the_ci_read_in_parts_is_the_ci_of_the_whole_batch(
+    lm: tuple[Decomposition, Harvest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`batch_ci` splits a batch by rows, `CI_POSITIONS` positions at a time, the last part
+    padded: the same CI as the whole batch read at once (up to float rounding)."""
+    d, _ = lm
+    x = read_batches(d, CFG.max_tokens, CFG.rows)[0]
+    whole = d._ci_jit(x)
+    monkeypatch.setattr(harvest_module, "CI_POSITIONS", 3 * x.shape[1])  # 3 of 8 rows a part
+    parts = batch_ci(d, x)
+    assert set(parts) == set(whole)
+    for site, ci in whole.items():
+        assert parts[site].shape == ci.shape
+        np.testing.assert_allclose(parts[site], ci, rtol=1e-5, atol=1e-6)
+
+
+def test_the_page_is_written_in_parts_as_one_json(
+    lm: tuple[Decomposition, Harvest], tmp_path: Path
+) -> None:
+    """`write_page` writes the data a list item at a time: the same bytes as the template with
+    the whole data's JSON in its place (`</` escaped)."""
+    _, h = lm
+    data = page_data(h, None, {"kl/ci_masked": 0.5}, "a </script> title")
+    write_page(tmp_path / "page.html", data)
+    template = (Path(harvest_module.__file__).parent / "dashboard.html").read_text()
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    assert (tmp_path / "page.html").read_text() == template.replace("/*DATA*/", payload)

@@ -16,6 +16,7 @@ Every failure is a `CheckpointError`: one sentence naming the file and the tenso
 from pathlib import Path
 
 import haiku as hk
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
@@ -144,22 +145,25 @@ def load_gguf(path: str | Path, dtype: str = "float32") -> tuple[LlamaArch, hk.P
         return value
 
     out_dtype = _DTYPES[dtype]
-    p: dict[str, npt.NDArray[np.generic]] = {
-        "embed": read("token_embd.weight", (arch.vocab, arch.d_model)).astype(out_dtype),
-        "final_norm": read("output_norm.weight", (arch.d_model,)).astype(out_dtype),
-    }
+    # Each array moves into jax as soon as it is read, so that the host holds one at a time.
+    embed = read("token_embd.weight", (arch.vocab, arch.d_model)).astype(out_dtype)
+    p: dict[str, jax.Array] = {"embed": jnp.asarray(embed)}
+    del embed
+    p["final_norm"] = jnp.asarray(read("output_norm.weight", (arch.d_model,)).astype(out_dtype))
     if not arch.tie_embeddings:
-        p["head"] = read("output.weight", (arch.vocab, arch.d_model)).T.astype(out_dtype)
+        head = read("output.weight", (arch.vocab, arch.d_model)).T.astype(out_dtype)
+        p["head"] = jnp.asarray(head)
+        del head
     for name, stored in _NORMS.items():
-        p[name] = np.stack([read(f"blk.{i}.{stored}.weight", (arch.d_model,)) for i in range(L)])
+        norms = [read(f"blk.{i}.{stored}.weight", (arch.d_model,)) for i in range(L)]
+        p[name] = jnp.asarray(np.stack(norms), out_dtype)
     heads = {"q": arch.n_heads, "k": arch.n_kv_heads}
     for kind in KINDS:
         d_in, d_out = arch.site_shape(kind)
-        layers = []
+        stack = np.empty((L, d_in, d_out), np.float32)
         for i in range(L):
             w = read(f"blk.{i}.{_PROJ[kind]}.weight", (d_out, d_in))
-            if kind in heads:
-                w = unpermute_rotary(w, heads[kind])
-            layers.append(w.T)  # pd's W is [d_in, d_out]
-        p[kind] = np.stack(layers)
-    return arch, {"~": {k: jnp.asarray(v, out_dtype) for k, v in p.items()}}
+            stack[i] = (unpermute_rotary(w, heads[kind]) if kind in heads else w).T  # [d_in, d_out]
+        p[kind] = jnp.asarray(stack, out_dtype)
+        del stack
+    return arch, {"~": p}

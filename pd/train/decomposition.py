@@ -4,9 +4,9 @@ run folder (`load`, exported as `pd.load`)."""
 import json
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import haiku as hk
@@ -107,7 +107,7 @@ class Decomposition:
         cfg = self.config.eval
         run_key = key_tree(self.config.seed)[2]
         batches = make_batches(self.config, self.recipe, run_key, None, True, self.kind)
-        ci = jax.jit(self._ci)
+        ci = self._ci_jit
         most: dict[str, np.ndarray] = {}
         for b in range(max(1, -(-cfg.n_samples // cfg.batch))):
             for site, c in ci(batches(EVAL_FOLD - b)).items():
@@ -169,8 +169,16 @@ class Decomposition:
         return x
 
     def _ci(self, x: Batch) -> dict[str, Float[Array, "B *T C"]]:
-        ci, _ = self.recipe.ci(self.ci_params, self.components, self.frozen, x)
-        return self.recipe.table.views(ci.lower)
+        return _ci_lower(self.recipe, self.ci_params, self.components, self.frozen, x)
+
+    @cached_property
+    def _ci_jit(self) -> Callable[[Batch], dict[str, Float[Array, "B *T C"]]]:
+        """`_ci` compiled once, its weights passed in as arguments: `jax.jit(self._ci)` would
+        capture them, the whole frozen target, as constants of the program (another copy of
+        them for as long as the program is cached, more while it compiles)."""
+        jitted = jax.jit(partial(_ci_lower, self.recipe))
+        weights = self.ci_params, self.components, self.frozen  # not `self`: no cycle to collect
+        return lambda x: jitted(*weights, x)
 
     def _masks(self, x: Batch, masks: Mapping[str, MaskIn]) -> dict[str, Float[Array, "B *T C"]]:
         """`masks` as jax arrays, or one sentence on an empty, unknown or wrong-shaped one: each
@@ -253,6 +261,14 @@ class Decomposition:
         lead = jax.eval_shape(self._ci, x)[site].shape[:-1]
         keep = jnp.ones((*lead, C)).at[..., jnp.asarray(subcomponents, jnp.int32)].set(0.0)
         return self.masked_forward(x, {site: keep}, delta=1.0)
+
+
+def _ci_lower(
+    recipe: Recipe, ci_params: GroupParams, comps: Components, frozen: hk.Params, x: Batch
+) -> dict[str, Float[Array, "B *T C"]]:
+    """`{site: ci_lower}` of `x`."""
+    ci, _ = recipe.ci(ci_params, comps, frozen, x)
+    return recipe.table.views(ci.lower)
 
 
 def load(run_dir: str | Path, own: OwnTarget | None = None) -> Decomposition:

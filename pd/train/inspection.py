@@ -6,13 +6,16 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pd.log import show_pd_logs
+from pd.targets.base import Target
 from pd.train.config import ConfigError
 from pd.train.dashboard import Extras, page_data, write_page
 from pd.train.decomposition import Decomposition, load
@@ -35,6 +38,29 @@ def probe_answers(d: Decomposition, h: Harvest) -> Extras:
     }
 
 
+SIGNS = (1.0, -1.0)  # the raised logits, then the lowered
+# per sign: the `top` values of `sign · logits` and their tokens, `[A, top]` each
+Extremes = list[tuple[jax.Array, jax.Array]]
+
+
+def _extreme_logits(
+    target: Target, site: str, top: int
+) -> Callable[[hk.Params, jax.Array], Extremes | None]:
+    """`(frozen, write) ->` the `Extremes` of the logits each row of `write` gives (None where
+    the site does not write the residual stream), compiled: the weights are arguments, the
+    `[A, vocab]` logits a temporary of the program, the unembedding read in place (not
+    transposed into a copy)."""
+
+    def extremes(frozen: hk.Params, write: jax.Array) -> Extremes | None:
+        logits = target.logit_directions(frozen, site, write)
+        if logits is None:
+            return None
+        found = [jax.lax.top_k(sign * logits, top) for sign in SIGNS]
+        return [(values, ids) for values, ids in found]
+
+    return jax.jit(extremes)
+
+
 def output_tokens(d: Decomposition, h: Harvest, top: int = 10) -> tuple[Extras, set[int]]:
     """For each alive subcomponent of a site that writes the residual stream, the `top` tokens
     whose logits its write direction `U_c` raises and lowers most, read out directly through
@@ -43,13 +69,13 @@ def output_tokens(d: Decomposition, h: Harvest, top: int = 10) -> tuple[Extras, 
     extras: Extras = {}
     tokens: set[int] = set()
     for site, s in h.sites.items():
-        logits = d.target.logit_directions(d.frozen, site, d.U[site][s.alive])
-        if logits is None:
+        found = _extreme_logits(d.target, site, top)(d.frozen, d.U[site][s.alive])
+        if found is None:
             continue
-        rows = []
-        for sign in (1.0, -1.0):
-            vals, ids = jax.lax.top_k(sign * logits, top)
-            rows.append((np.asarray(ids), sign * np.asarray(vals)))
+        rows = [
+            (np.asarray(ids), sign * np.asarray(vals))
+            for sign, (vals, ids) in zip(SIGNS, found, strict=True)
+        ]
         extras[site] = {
             "out": [
                 [
@@ -68,16 +94,18 @@ def inspect_run(run_dir: Path, cfg: HarvestConfig = DEFAULTS, bar: bool = True) 
     `inspect/components.html` into it; returns the harvest."""
     d = load(run_dir)
     h = harvest(d, cfg, bar)
+    outputs, tokens = output_tokens(d, h)
+    probes = probe_answers(d, h)
+    name, labels = d.config.name, d.kind.labels
+    del d  # the frozen target's weights, not needed from here on
     out = run_dir / "inspect"
     out.mkdir(exist_ok=True)
     save(h, out / "harvest.npz")
     summary_file = RunFolder(run_dir).summary
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
-    title = f"{d.config.name}: {sum(s.alive.size for s in h.sites.values())} alive subcomponents"
-    outputs, tokens = output_tokens(d, h)
-    probes = probe_answers(d, h)
+    title = f"{name}: {sum(s.alive.size for s in h.sites.values())} alive subcomponents"
     extras = {site: probes.get(site, {}) | outputs.get(site, {}) for site in h.sites}
-    data = page_data(h, d.kind.labels, summary, title, extras, tokens)
+    data = page_data(h, labels, summary, title, extras, tokens)
     write_page(out / "components.html", data)
     log.info("wrote %s and %s", out / "harvest.npz", out / "components.html")
     return h
