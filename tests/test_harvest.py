@@ -107,12 +107,14 @@ def test_pmi_and_partners_follow_their_definitions(lm: tuple[Decomposition, Harv
     n = h.token_counts.sum()
     for s in h.sites.values():
         assert s.inputs is not None
-        for a, (high, low) in enumerate(pmi_rows(s.inputs, s.count, h.token_counts, 3)):
-            row = s.inputs.getrow(a).toarray()[0]
-            seen = np.flatnonzero(row)
-            pmi = np.log(row[seen] * n / (s.count[a] * h.token_counts[seen]))
-            assert [t for t, _ in high] == seen[np.lexsort((seen, -pmi))][:3].tolist()
-            assert [t for t, _ in low] == seen[np.lexsort((seen, pmi))][:3].tolist()
+        for m in (1, 2):  # tokens seen at fewer than m of the firings are left out
+            rows = pmi_rows(s.inputs, s.count, h.token_counts, 3, min_count=m)
+            for a, (high, low) in enumerate(rows):
+                row = s.inputs.getrow(a).toarray()[0]
+                seen = np.flatnonzero(row >= m)
+                pmi = np.log(row[seen] * n / (s.count[a] * h.token_counts[seen]))
+                assert [t for t, _ in high] == seen[np.lexsort((seen, -pmi))][:3].tolist()
+                assert [t for t, _ in low] == seen[np.lexsort((seen, pmi))][:3].tolist()
         idx, jac = partners(s.cofire, s.count, 2)
         for a in range(s.count.size):
             for j, v in zip(idx[a], jac[a], strict=True):

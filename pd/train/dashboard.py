@@ -15,17 +15,27 @@ from pd.train.harvest import PAD, Harvest, SiteHarvest
 Labels = Callable[[list[int]], list[str]]
 
 
+# Tokens seen at fewer of a subcomponent's firings are left out of its PMI tables: a rare token
+# seen once at a firing has the highest PMI there by chance.
+PMI_MIN_COUNT = 3
+
+
 def pmi_rows(
-    counts: sp.csr_matrix, fired: Int[np.ndarray, " A"], totals: Int[np.ndarray, " V"], top: int
+    counts: sp.csr_matrix,
+    fired: Int[np.ndarray, " A"],
+    totals: Int[np.ndarray, " V"],
+    top: int,
+    min_count: int = 1,
 ) -> list[tuple[list[tuple[int, float]], list[tuple[int, float]]]]:
-    """Per subcomponent, its `top` highest- and lowest-PMI tokens among those seen at its
-    firings: `log(P(t | fires) / P(t)) = log(n(c, t) · n / (n(c) · n(t)))`, with `n` the
-    positions read; ties go to the lower token id."""
+    """Per subcomponent, its `top` highest- and lowest-PMI tokens among those seen at at least
+    `min_count` of its firings: `log(P(t | fires) / P(t)) = log(n(c, t) · n / (n(c) · n(t)))`,
+    with `n` the positions read; ties go to the lower token id."""
     n = max(int(totals.sum()), 1)
     out: list[tuple[list[tuple[int, float]], list[tuple[int, float]]]] = []
     for a in range(counts.shape[0]):
         row = counts.getrow(a)
-        ids, c = row.indices, row.data
+        keep = row.data >= min_count
+        ids, c = row.indices[keep], row.data[keep]
         if not ids.size:
             out.append(([], []))
             continue
@@ -68,8 +78,8 @@ def _site_cards(
     tables = {}
     if s.inputs is not None and h.token_counts is not None and h.next_counts is not None:
         tables = {
-            "in": pmi_rows(s.inputs, s.count, h.token_counts, 10),
-            "nx": pmi_rows(s.next_tokens, s.count, h.next_counts, 10),
+            "in": pmi_rows(s.inputs, s.count, h.token_counts, 10, PMI_MIN_COUNT),
+            "nx": pmi_rows(s.next_tokens, s.count, h.next_counts, 10, PMI_MIN_COUNT),
         }
     cards = []
     for a, c in enumerate(s.alive.tolist()):
