@@ -58,6 +58,9 @@ TINY_LM = [
     # One loop body per iteration, not the preset's two: the programs compile in two thirds of
     # the time. `tests/test_scan_step.py` runs the preset's.
     "train.unroll=1",
+    # No fresh adversary after training: one program less to compile per run
+    # (tests/test_evaluation_tables.py and tests/test_whole_model.py run it).
+    "eval.pgd_steps=[]",
 ]
 
 
