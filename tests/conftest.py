@@ -28,6 +28,7 @@ pytest_plugins = ["pd.testing.plugin"]
 # files took 1013 s against the other's 934.
 _LONGEST_FIRST = (
     "test_sweep.py",
+    "test_whole_model.py",
     "test_lm_recipe.py",
     "test_step.py",
     "test_cli_errors.py",
