@@ -3,7 +3,7 @@ embedded, no network), and the per-subcomponent tables it shows (PMI, co-firing 
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -157,30 +157,14 @@ def page_data(
     }
 
 
-def _json(value: object) -> str:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-
-
-def _json_parts(data: dict[str, object]) -> Iterator[str]:
-    """`_json(data)` in parts, a list one item at a time (the page's data is tens of MB)."""
-    yield "{"
-    for i, (key, value) in enumerate(data.items()):
-        yield ("," if i else "") + _json(key) + ":"
-        if isinstance(value, list):
-            yield "["
-            for j, item in enumerate(value):
-                yield ("," if j else "") + _json(item)
-            yield "]"
-        else:
-            yield _json(value)
-    yield "}"
-
-
 def write_page(path: Path, data: dict[str, object]) -> None:
     """`components.html` at `path`, with `data` embedded (written in parts)."""
     template = (Path(__file__).parent / "dashboard.html").read_text()
     before, after = template.split("/*DATA*/")
+    # A string is one chunk of the encoder's, so "</" (which only a string can hold) is never
+    # split between two.
+    chunks = json.JSONEncoder(separators=(",", ":"), allow_nan=False).iterencode(data)
     with path.open("w") as f:
         f.write(before)
-        f.writelines(_json_parts(data))
+        f.writelines(chunk.replace("</", "<\\/") for chunk in chunks)
         f.write(after)

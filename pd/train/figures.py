@@ -26,6 +26,7 @@ from pd.train.evaluate import (
 from pd.train.folder import RunFolder
 from pd.train.kinds import Labels
 from pd.train.objective import Recipe
+from pd.train.report import layers_of
 
 
 def _ci_probes(
@@ -204,7 +205,7 @@ def _active_by_layer(
 
 def layer_bars(summary: dict[str, float], path: Path) -> None:
     """`layers.png`: per layer, C, alive and CI-L0 (log scale) and CI-L0 / alive."""
-    layers = sorted(int(k.removeprefix("layer_C/")) for k in summary if k.startswith("layer_C/"))
+    layers = layers_of(summary)
     fig = Figure(figsize=(max(6.0, 0.3 * len(layers) + 2), 6))
     top, bottom = fig.subplots(2, 1, sharex=True)
     x = np.arange(len(layers))

@@ -28,6 +28,15 @@ MASK_WORDS = {
 }
 
 
+# The key `per_layer` adds last: a summary with it has the per-layer counts.
+LAYERS_KEY = "ci_l0_over_alive/max_layer"
+
+
+def layers_of(summary: dict[str, float]) -> list[int]:
+    """The layers whose counts the summary holds (`per_layer`), in order."""
+    return sorted(int(k.removeprefix("layer_C/")) for k in summary if k.startswith("layer_C/"))
+
+
 def per_layer(summary: dict[str, float], table: SiteTable) -> dict[str, float]:
     """`layer_C/{l}`, `layer_alive/{l}`, `layer_ci_l0/{l}` (sums over the layer's sites) and
     `layer_ci_l0_over_alive/{l}`, from a summary's `alive/{site}` and `ci_l0/{site}`; and the
@@ -45,9 +54,7 @@ def per_layer(summary: dict[str, float], table: SiteTable) -> dict[str, float]:
     for layer in layers:
         alive = out[f"layer_alive/{layer}"]
         out[f"layer_ci_l0_over_alive/{layer}"] = out[f"layer_ci_l0/{layer}"] / max(alive, 1.0)
-    out["ci_l0_over_alive/max_layer"] = max(
-        out[f"layer_ci_l0_over_alive/{layer}"] for layer in layers
-    )
+    out[LAYERS_KEY] = max(out[f"layer_ci_l0_over_alive/{layer}"] for layer in layers)
     return out
 
 
@@ -77,9 +84,8 @@ def mask_table(summary: dict[str, float]) -> str:
 
 def layer_table(summary: dict[str, float]) -> str:
     """One row per layer: C, alive, CI-L0 and CI-L0 / alive (`per_layer`'s keys)."""
-    layers = sorted(int(k.removeprefix("layer_C/")) for k in summary if k.startswith("layer_C/"))
     lines = ["| layer | C | alive | CI-L0 | CI-L0 / alive |", "|---|---|---|---|---|"]
-    for layer in layers:
+    for layer in layers_of(summary):
         row = [summary[f"layer_{f}/{layer}"] for f in ("C", "alive", "ci_l0")]
         ratio = summary[f"layer_ci_l0_over_alive/{layer}"]
         lines.append(f"| {layer} | {row[0]:.0f} | {row[1]:.0f} | {row[2]:.1f} | {ratio:.2%} |")
@@ -89,7 +95,7 @@ def layer_table(summary: dict[str, float]) -> str:
 def evaluation_markdown(summary: dict[str, float]) -> str:
     """`evaluation.md`: the mask table and the per-layer rows; empty for a summary without
     them (a toy's, which reads its known answers instead)."""
-    if "ci_l0_over_alive/max_layer" not in summary:
+    if LAYERS_KEY not in summary:
         return ""
     parts = ["# Evaluation", "", "## Masks", "", mask_table(summary)]
     parts += ["", "## Layers", "", layer_table(summary)]

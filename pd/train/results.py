@@ -18,7 +18,7 @@ from pd.train.config import EvalConfig
 from pd.train.folder import RunFolder
 from pd.train.kinds import Batches, TargetKind
 from pd.train.objective import Recipe
-from pd.train.report import evaluation_markdown
+from pd.train.report import LAYERS_KEY, evaluation_markdown
 
 # A run's evaluation: its summary, with the figures drawn into the folder given.
 Evaluation = Callable[[TrainState, Path], dict[str, float]]
@@ -46,7 +46,7 @@ def evaluation(
             drawn = pool.submit(_draw, kind, recipe, state, frozen, x, folder)
             out = summary()
         drawn.result()  # raises what drawing raised
-        if "ci_l0_over_alive/max_layer" in out:
+        if LAYERS_KEY in out:
             from pd.train.figures import layer_bars
 
             layer_bars(out, folder / "layers.png")
