@@ -233,6 +233,8 @@ def test_a_disk_that_fills_after_the_first_checkpoint_keeps_the_run_for_resume(
             monkeypatch.setattr(sys.modules["pd.train.checkpoints"], "shutil", room)
         code, err = _train(run_dir, capfd)
     assert saves == [100, 200]
+    # orbax's writers of the failed checkpoint have all logged, before pd's sentence
+    assert [t.name for t in threading.enumerate() if type(t).__module__.startswith("orbax.")] == []
     assert _assert_refused_for_space(code, err, run_dir) == [100]
     disk.free()
     code, err = _train(run_dir, capfd, "--resume")

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -238,6 +239,7 @@ class Checkpoints:
         except Exception:
             with suppress(Exception), _raised_not_logged():  # they repeat the one raised
                 self._forget()
+            _join_orbax_threads()
             raise
         else:
             self._forget()
@@ -259,6 +261,24 @@ class Checkpoints:
         else:
             with suppress(Exception):
                 self.close()
+
+
+_ORBAX_JOIN_SECONDS = 30.0
+
+
+def _join_orbax_threads() -> None:
+    """Wait (at most half a minute) for orbax's threads still writing a failed checkpoint: one
+    failed write ends orbax's wait, while its other writers may still be failing, and each logs
+    its traceback when it does. Joined here, they log before the run reports the failure in its
+    one sentence, not after it."""
+    deadline = time.monotonic() + _ORBAX_JOIN_SECONDS
+    for thread in threading.enumerate():
+        if (
+            type(thread).__module__.startswith("orbax.")
+            and thread is not threading.current_thread()
+        ):
+            # Thread's own join: orbax's override re-raises the thread's error.
+            threading.Thread.join(thread, max(0.0, deadline - time.monotonic()))
 
 
 def _first_line(err: BaseException) -> str:
