@@ -41,7 +41,7 @@ def main() -> None:
     frozen = kind_of(config.target).load_frozen(recipe.target).params
     init_key, src_key, run_key = key_tree(config.seed)
     state = init_train_state(recipe, init_key, src_key)
-    step, batches = make_train_step(recipe), make_batches(config, recipe, run_key, None)
+    step, batches = make_train_step(recipe), make_batches(config, recipe, run_key)
     x = batches(0)
     traced = jax.jit(step_fn(recipe), compiler_options=compiler_options(recipe.ci_fn))
     cost = traced.lower(state, frozen, x, run_key).compile().cost_analysis() or {}

@@ -63,7 +63,7 @@ def measure(
         def window(state: TrainState, first: int) -> tuple[TrainState, Metrics]:
             return steps(state, frozen, run_key, jnp.asarray(steps_per_window, jnp.int32))
     else:
-        step, batches = make_train_step(recipe), make_batches(config, recipe, run_key, None)
+        step, batches = make_train_step(recipe), make_batches(config, recipe, run_key)
         name = "train_step"
 
         def window(state: TrainState, first: int) -> tuple[TrainState, Metrics]:
@@ -133,31 +133,26 @@ def measure_random_target(
 ) -> tuple[float, dict[str, float], float | None]:
     """ms/step of `train_step` on random frozen weights and tokens, its compile seconds, and
     the device's peak bytes in use (None where the backend does not say)."""
-    from pd.shard import global_batch
-    from pd.shard.state import frozen_shardings
-    from pd.train.init_state import state_shardings
     from pd.train.kinds import FROZEN_DTYPE
-    from pd.train.run import make_mesh_of
+    from pd.train.placement import placement_of
 
     config = load_config(preset, overrides)
     recipe = make_recipe(config)
-    mesh = make_mesh_of(config)
+    placement = placement_of(config)
     init_key, src_key, run_key = key_tree(config.seed)
     assert isinstance(recipe.target, Llama)
     frozen = jax.jit(recipe.target.init)(jax.random.key(1))
     frozen = jax.tree.map(lambda a: a.astype(FROZEN_DTYPE), frozen)
-    shardings = None if mesh is None else state_shardings(recipe, mesh)
-    if mesh is not None:
-        frozen = jax.device_put(frozen, frozen_shardings(recipe.target, frozen, mesh))
-    state = init_train_state(recipe, init_key, src_key, mesh)
-    step = make_train_step(recipe, shardings)
+    frozen = placement.frozen(recipe.target, frozen)
+    state = placement.init(recipe, init_key, src_key)
+    step = make_train_step(recipe, placement.shardings(recipe))
     B, T = config.train.batch, recipe.seq_len
     rng = np.random.default_rng(0)
     vocab = language_model(config).vocab
 
     def batch() -> jax.Array:
         tokens = rng.integers(0, vocab, size=(B, T), dtype=np.int32)
-        return jnp.asarray(tokens) if mesh is None else global_batch(tokens, mesh)
+        return placement.batches(lambda step: tokens)(0)
 
     with recording() as compile_times:
         state, metrics = step(state, frozen, batch(), run_key)

@@ -28,6 +28,8 @@ from jax.tree_util import PyTreeDef
 from pd.ci import CIFunction, PerSiteCI
 
 P = ParamSpec("P")
+# jax.ShapeDtypeStruct, typed (its constructor is unannotated upstream).
+shape_dtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct
 R = TypeVar("R")
 
 _WIDE_VECTORS = {"xla_cpu_prefer_vector_width": "512"}

@@ -78,7 +78,7 @@ def main(out: str, process_id: int, num_processes: int, port: int, local_devices
     checkpoints.save(1, state)
     checkpoints.close()  # waits for the asynchronous write
     checkpoints = Checkpoints(folder, keep=1)
-    like = abstract_state(recipe, mesh)
+    like = abstract_state(recipe, state_shardings(recipe, mesh))
     restored = checkpoints.restore_latest(like)
     checkpoints.close()
     assert restored is not None and int(restored.step) == 1

@@ -37,7 +37,8 @@ from pd.train.evaluate import ci_program
 from pd.train.init_state import init_train_state, state_shardings
 from pd.train.kinds import as_toy
 from pd.train.objective import PassInputs, Recipe, adversarial_recon, flat_metrics
-from pd.train.run import make_batches, make_mesh_of, make_recipe
+from pd.train.placement import placement_of
+from pd.train.run import make_batches, make_recipe
 from pd.train.schedule import schedule_value
 from pd.train.step import make_train_step
 
@@ -219,7 +220,7 @@ def _state_and_batch(
         frozen = toy.expand(toy.init_train(jax.random.key(7)))
     init_key, src_key, run_key = key_tree(config.seed)
     state = init_train_state(recipe, init_key, src_key)
-    x = make_batches(config, recipe, run_key, None)(0)
+    x = make_batches(config, recipe, run_key)(0)
     return config, recipe, frozen, state, x, run_key
 
 
@@ -296,23 +297,18 @@ def test_s18_compiled_step_holds_no_large_constant(lm_runs: LMRuns) -> None:
 
 
 def _trajectory(config: RunConfig, recipe: Recipe, frozen: hk.Params) -> list[dict[str, float]]:
-    mesh = make_mesh_of(config)
+    placement = placement_of(config)
     init_key, src_key, run_key = key_tree(config.seed)
-    state = init_train_state(recipe, init_key, src_key, mesh)
-    shardings = None if mesh is None else state_shardings(recipe, mesh)
-    if mesh is not None:
-        from pd.shard.state import frozen_shardings
-
-        frozen = jax.device_put(frozen, frozen_shardings(recipe.target, frozen, mesh))
-    step = make_train_step(recipe, shardings)
-    batches = make_batches(config, recipe, run_key, mesh)
+    state = placement.init(recipe, init_key, src_key)
+    frozen = placement.frozen(recipe.target, frozen)
+    step = make_train_step(recipe, placement.shardings(recipe))
+    batches = make_batches(config, recipe, run_key, placement)
     out = []
     for s in range(3):
         state, metrics = step(state, frozen, batches(s), run_key)
         out.append(flat_metrics(recipe.table, jax.device_get(metrics)))
-    if mesh is not None:
-        V0 = state.components.V[0]
-        assert len(V0.sharding.device_set) == 4  # really spread over the mesh
+    V0 = state.components.V[0]
+    assert len(V0.sharding.device_set) == config.mesh.data  # really spread over the mesh
     return out
 
 

@@ -60,11 +60,11 @@ def test_two_processes_match_one(tmp_path: Path) -> None:
     from pd.train import arrays
     from pd.train.checkpoints import Checkpoints
     from pd.train.config import load_config
-    from pd.train.init_state import abstract_state
+    from pd.train.placement import ONE_DEVICE
     from pd.train.run import make_recipe
 
     recipe = make_recipe(load_config("resid_mlp1", _overrides()))
-    like = abstract_state(recipe, None)
+    like = ONE_DEVICE.abstract_state(recipe)
     checkpoints = Checkpoints(two.with_suffix(".ckpt"), keep=1)
     try:
         state = checkpoints.restore_latest(like)  # its seal checked first

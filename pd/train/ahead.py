@@ -19,18 +19,17 @@ from typing import cast
 import haiku as hk
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
 from jax.stages import Wrapped
 from jaxtyping import PyTree
 
 from pd.state import TrainState
 from pd.targets.base import Batch
-from pd.train.init_state import abstract_state, init_train_state, state_shardings
 from pd.train.objective import Recipe
+from pd.train.placement import Placement
 from pd.train.step import Sampler, make_monitor_step, make_train_step, make_train_steps
+from pd.xla import shape_dtype
 
 log = logging.getLogger(__name__)
-shape_dtype: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct  # unannotated upstream
 
 
 class Ahead:
@@ -40,9 +39,9 @@ class Ahead:
     the block's exit) waits for the compiles."""
 
     def __init__(
-        self, recipe: Recipe, run_key: jax.Array, mesh: Mesh | None, sample: Sampler | None
+        self, recipe: Recipe, run_key: jax.Array, placement: Placement, sample: Sampler | None
     ):
-        self.recipe, self.run_key, self.mesh, self.sample = recipe, run_key, mesh, sample
+        self.recipe, self.run_key, self.placement, self.sample = recipe, run_key, placement, sample
         self.pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pd-compile")
         self.futures: list[Future[None]] = []
 
@@ -67,12 +66,10 @@ class Ahead:
         """Begin the compiles for `frozen` (its values, or only their shapes and dtypes where it
         is not loaded yet: a run that draws its batches needs no `batches`). `restored`: the
         state will come from a checkpoint."""
-        recipe, mesh, pool = self.recipe, self.mesh, self.pool
-        state = abstract_state(recipe, mesh)
-        if mesh is None and not restored:
-            # A fresh single-device state is what jit returns, uncommitted: a program lowered
-            # for leaves placed on the device would not be the one its calls look up.
-            state = jax.tree.map(lambda a: shape_dtype(a.shape, a.dtype), state)
+        recipe, placement, pool = self.recipe, self.placement, self.pool
+        state = placement.abstract_state(recipe)
+        if not restored:
+            state = placement.as_made(state)
         if self.sample is not None:
             steps = make_train_steps(recipe, self.sample)
             n = shape_dtype((), jnp.int32)
@@ -81,8 +78,8 @@ class Ahead:
         assert batches is not None, "a run given its batches compiles for one of them"
         # One call of `batches` (a caller's own may not be safe to call from two threads).
         batch = pool.submit(batches, 0)
-        shardings = None if mesh is None else state_shardings(recipe, mesh)  # as run's
-        step, monitor_step = make_train_step(recipe, shardings), make_monitor_step(recipe)
+        step = make_train_step(recipe, placement.shardings(recipe))  # as the run's
+        monitor_step = make_monitor_step(recipe)
 
         def train() -> None:
             compile_for(step, state, frozen, batch.result(), self.run_key)
@@ -93,8 +90,8 @@ class Ahead:
         self.futures = [pool.submit(train), pool.submit(monitors)]  # each raises what `batch` did
 
     def initialize(self, init_key: jax.Array, src_key: jax.Array) -> Future[TrainState]:
-        """`init_train_state` (a single-device run's) on a background thread."""
-        return self.pool.submit(init_train_state, self.recipe, init_key, src_key)
+        """The initial state, made on a background thread."""
+        return self.pool.submit(self.placement.init, self.recipe, init_key, src_key)
 
     def wait(self) -> None:
         """Wait for the compiles; one that failed is logged (the loop compiles its own)."""

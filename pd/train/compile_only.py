@@ -11,12 +11,12 @@ from jax.stages import Compiled
 from pd.compile_times import CompileTimes, recording
 from pd.shard import ShardingError, make_mesh, named_sharding
 from pd.shard.state import frozen_shardings, replicated
-from pd.train.ahead import shape_dtype
 from pd.train.config import ConfigError, RunConfig
 from pd.train.init_state import jitted_init, state_shardings
 from pd.train.kinds import kind_of
 from pd.train.run import make_recipe
 from pd.train.step import make_train_step
+from pd.xla import shape_dtype
 
 
 def abstract(tree: object, shardings: object) -> object:

@@ -96,9 +96,9 @@ class Decomposition:
         _require(is_int, f"step {step!r} is a {type(step).__name__}, {expected}", TypeError)
         _require(0 <= step < EVAL_FOLD, f"step is {step}, {expected}")
         run_key = key_tree(self.config.seed)[2]
-        return make_batches(self.config, self.recipe, run_key, None, evaluation, self.kind)(
-            int(step)
-        )
+        return make_batches(
+            self.config, self.recipe, run_key, evaluation=evaluation, kind=self.kind
+        )(int(step))
 
     def alive(self) -> dict[str, Bool[np.ndarray, " C"]]:
         """Per site, which subcomponents are alive: CI above `ALIVE_THRESHOLD` (0.1) on some of
@@ -106,7 +106,7 @@ class Decomposition:
         language model or a caller's target reads (held-out data where the target has it)."""
         cfg = self.config.eval
         run_key = key_tree(self.config.seed)[2]
-        batches = make_batches(self.config, self.recipe, run_key, None, True, self.kind)
+        batches = make_batches(self.config, self.recipe, run_key, evaluation=True, kind=self.kind)
         ci = self._ci_jit
         most: dict[str, np.ndarray] = {}
         for b in range(max(1, -(-cfg.n_samples // cfg.batch))):

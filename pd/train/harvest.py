@@ -215,7 +215,7 @@ def read_batches(d: Decomposition, max_tokens: int, rows: int = 0) -> list[Batch
     if not rows:
         rows = max(cfg.eval.batch, 4096 // d.kind.seq_len) if d.kind.seq_len else cfg.eval.batch
     cfg = replace(cfg, eval=replace(cfg.eval, batch=rows))
-    batches = make_batches(cfg, d.recipe, key_tree(cfg.seed)[2], None, True, d.kind)
+    batches = make_batches(cfg, d.recipe, key_tree(cfg.seed)[2], evaluation=True, kind=d.kind)
     out = [batches(EVAL_FOLD)]
     size = _inputs(out[0]).size  # positions a batch
     while (len(out) + 1) * size <= max_tokens:

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding
 from jaxtyping import Array, Key
 
 from pd.adversary import Sources, init_source_adam, init_sources, scope_shape
@@ -49,10 +49,7 @@ def initial_state(recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, 
 def state_shardings(recipe: Recipe, mesh: Mesh) -> TrainState:
     """Where every leaf lives (SPEC §11): V/U and every CI weight over the whole mesh (ZeRO-3),
     sources by scope, optimizer moments like their parameters."""
-    # Keys made inside eval_shape: nothing is computed or compiled.
-    abstract: TrainState = jax.eval_shape(
-        lambda: initial_state(recipe, jax.random.key(0), jax.random.key(1))
-    )
+    abstract = state_shapes(recipe)
     ci_fn = recipe.ci_fn
     if isinstance(ci_fn, ChunkwiseCI):
         ci_params: object = chunk_param_shardings(ci_fn.transformer, mesh)
@@ -68,24 +65,23 @@ def state_shardings(recipe: Recipe, mesh: Mesh) -> TrainState:
     )
 
 
-def abstract_state(recipe: Recipe, mesh: Mesh | None) -> TrainState:
-    """The state's shapes and dtypes, each leaf with the placement a run on `mesh` gives it
-    (one device without a mesh): what a checkpoint is restored into."""
-    abstract: TrainState = jax.eval_shape(
-        lambda: initial_state(recipe, jax.random.key(0), jax.random.key(1))
-    )
-    if mesh is None:
-        shardings: TrainState = jax.tree.map(
-            lambda _: SingleDeviceSharding(jax.devices()[0]), abstract
-        )
-    else:
-        shardings = state_shardings(recipe, mesh)
+def abstract_state(recipe: Recipe, shardings: TrainState) -> TrainState:
+    """The state's shapes and dtypes, each leaf with its placement in `shardings`: what a
+    checkpoint is restored into (`pd.train.placement` gives the placements)."""
     # ShapeDtypeStruct's constructor is unannotated upstream.
     struct: Callable[..., jax.ShapeDtypeStruct] = jax.ShapeDtypeStruct
     placed: TrainState = jax.tree.map(
-        lambda a, s: struct(a.shape, a.dtype, sharding=s), abstract, shardings
+        lambda a, s: struct(a.shape, a.dtype, sharding=s), state_shapes(recipe), shardings
     )
     return placed
+
+
+def state_shapes(recipe: Recipe) -> TrainState:
+    """The state's shapes and dtypes; nothing is computed or compiled."""
+    shapes: TrainState = jax.eval_shape(
+        lambda: initial_state(recipe, jax.random.key(0), jax.random.key(1))
+    )
+    return shapes
 
 
 InitFn = Callable[[Key[Array, ""], Key[Array, ""]], TrainState]

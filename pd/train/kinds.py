@@ -23,12 +23,12 @@ from pd.targets.configs import FactoryConfig, LlamaConfig, TargetConfig, ToyConf
 from pd.targets.llama import Llama
 from pd.targets.lm import build_llama, load_llama, token_ids, token_labels, token_source
 from pd.targets.train import TrainedTarget, load_or_train, trained_shapes
-from pd.train.ahead import shape_dtype
 from pd.train.config import ConfigError, EvalConfig, RunConfig
 from pd.train.evaluate import EVAL_FOLD, KnownAnswer, evaluate_toy, toy_answer
 from pd.train.evaluate_masks import evaluate_masks
 from pd.train.objective import Recipe
 from pd.train.step import Sampler, ToySampler, make_sampler
+from pd.xla import shape_dtype
 
 Batches = Callable[[int], Batch]  # the global batch of a step (S18), placed on the mesh
 Labels = Callable[[list[int]], list[str]]  # token ids → their text, for figures

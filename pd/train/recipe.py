@@ -2,16 +2,13 @@
 `run`, `pd.load` and `--compile-only`."""
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh
 
 from pd.ci import CIFunction, PerSiteCI
 from pd.ci.chunkwise import chunkwise_ci
-from pd.shard import global_batch
 from pd.train.config import ConfigError, RunConfig
-from pd.train.kinds import Batches, Draw, HostBatches, TargetKind, kind_of
+from pd.train.kinds import Batches, Draw, TargetKind, kind_of
 from pd.train.objective import Recipe
+from pd.train.placement import ONE_DEVICE, Placement
 
 
 def make_recipe(config: RunConfig, kind: TargetKind | None = None) -> Recipe:
@@ -47,19 +44,14 @@ def make_batches(
     config: RunConfig,
     recipe: Recipe,
     run_key: jax.Array,
-    mesh: Mesh | None,
+    placement: Placement = ONE_DEVICE,
     evaluation: bool = False,
     kind: TargetKind | None = None,
 ) -> Batches:
-    """The global batch of a step, a pure function of `(seed, step)` (S18), placed on the mesh;
-    with `evaluation`, of `eval.batch` examples from the held-out data where the target has it."""
+    """The global batch of a step, a pure function of `(seed, step)` (S18), placed as the run
+    places its arrays; with `evaluation`, of `eval.batch` examples from the held-out data where
+    the target has it."""
     kind = kind or kind_of(config.target)
     size = config.eval.batch if evaluation else config.train.batch
-    return placed(kind.batches(Draw(config.seed, size, recipe.target, run_key), evaluation), mesh)
-
-
-def placed(batches: HostBatches, mesh: Mesh | None) -> Batches:
-    """Batches on the mesh (built with `make_array_from_process_local_data`), or as they are."""
-    if mesh is None:
-        return lambda step: jnp.asarray(batches(step))
-    return lambda step: global_batch(np.asarray(batches(step)), mesh)
+    host = kind.batches(Draw(config.seed, size, recipe.target, run_key), evaluation)
+    return placement.batches(host)

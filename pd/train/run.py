@@ -10,14 +10,12 @@ from pathlib import Path
 
 import haiku as hk
 import jax
-from jax.sharding import Mesh
 
 from pd.compile_times import CompileTimes, recording
 from pd.data import DataError
 from pd.init import key_tree
 from pd.log import show_pd_logs
-from pd.shard import ShardingError, initialize_distributed, make_mesh
-from pd.shard.state import frozen_shardings
+from pd.shard import ShardingError, initialize_distributed
 from pd.state import TrainState
 from pd.targets.base import Batch
 from pd.targets.hf import CheckpointError
@@ -28,10 +26,10 @@ from pd.train.config import ConfigError, RunConfig
 from pd.train.decomposition import Decomposition
 from pd.train.finite import Diverged, check_finite, divergence, save_finite
 from pd.train.folder import RunFolder
-from pd.train.init_state import abstract_state, init_train_state, state_shardings
 from pd.train.kinds import OwnTarget, TargetKind, kind_of
 from pd.train.loop import OnRow, Stepper, metric_sinks, train_loop
 from pd.train.objective import Metrics, Recipe, flat_metrics
+from pd.train.placement import Placement, placement_of
 from pd.train.recipe import make_batches, make_recipe
 from pd.train.results import Evaluation, evaluation, summary_table, write_results
 from pd.train.rundir import (
@@ -79,17 +77,6 @@ class RunResult:
         )
 
 
-def make_mesh_of(config: RunConfig) -> Mesh | None:
-    """The run's `(data, model)` mesh, or None for a single-device run."""
-    m = config.mesh
-    if m.data * m.model == 1 and jax.process_count() == 1:
-        return None
-    try:
-        return make_mesh({"data": m.data, "model": m.model})
-    except ShardingError as err:
-        raise ConfigError(f"config key 'mesh': {err}") from None
-
-
 def _row_logger(recipe: Recipe, sinks: MetricSinks, evaluation: Evaluation, run_dir: Path) -> OnRow:
     """A run's logged rows: refused with `Diverged` where a value is not finite, with the
     evaluation's summary (`eval/` keys) where the step is evaluated, into `sinks`."""
@@ -129,13 +116,16 @@ def run(
     show_pd_logs()  # progress lines from a script or notebook that configured no logging
     plan = _plan(config, Path(out) if out is not None else None, overwrite, own, resume)
     t0 = time.perf_counter()
-    with recording() as times, Ahead(plan.recipe, plan.run_key, plan.mesh, plan.sample) as ahead:
+    with (
+        recording() as times,
+        Ahead(plan.recipe, plan.run_key, plan.placement, plan.sample) as ahead,
+    ):
         fresh = _start_early(plan, ahead)
         trained = _load_target(plan)
         try:
             with staged(plan.run_dir, overwrite, resume) as folder:
                 write_config(folder, plan.config)
-                frozen = _placed(plan, trained.params)
+                frozen = plan.placement.frozen(plan.recipe.target, trained.params)
                 evaluation = _evaluation(plan, frozen)
                 state = _train_in(folder, plan, frozen, evaluation, ahead, fresh)
                 summary = write_results(folder, state, trained, evaluation, t0)
@@ -155,8 +145,8 @@ class _Plan:
     resume: bool
     kind: TargetKind
     recipe: Recipe
-    mesh: Mesh | None
-    shardings: TrainState | None
+    placement: Placement
+    shardings: TrainState | None  # the step program's: None where jit places the state
     init_key: jax.Array
     src_key: jax.Array
     run_key: jax.Array
@@ -175,9 +165,9 @@ def _plan(
     if config.distributed.coordinator:  # before anything starts a jax backend
         d = config.distributed
         initialize_distributed(d.coordinator, d.num_processes, d.process_id)
-    mesh = make_mesh_of(config)
+    placement = placement_of(config)
     try:
-        shardings = None if mesh is None else state_shardings(recipe, mesh)
+        shardings = placement.shardings(recipe)
         kind.check_inputs()
     except (ShardingError, DataError) as err:
         raise ConfigError(str(err)) from None
@@ -186,10 +176,9 @@ def _plan(
     if resume:
         check_same_config(RunFolder(partial_dir(run_dir)).config, config)
     _use_compile_cache(config)
-    # On a mesh, batches are placed from the host.
-    sample = kind.sampler(recipe.target, config.train.batch) if mesh is None else None
+    sample = placement.sampler(kind, recipe.target, config.train.batch)
     keys = key_tree(config.seed)
-    return _Plan(config, run_dir, resume, kind, recipe, mesh, shardings, *keys, sample)
+    return _Plan(config, run_dir, resume, kind, recipe, placement, shardings, *keys, sample)
 
 
 def _use_compile_cache(config: RunConfig) -> None:
@@ -203,9 +192,8 @@ def _use_compile_cache(config: RunConfig) -> None:
 def _start_early(plan: _Plan, ahead: Ahead) -> Future[TrainState] | None:
     """While the target trains or loads: the state's initializer, which does not read the
     target, and a step program that draws its batches, which reads only the target's shapes
-    (single-device runs; on a mesh, a background computation could order collectives unlike
-    another host's)."""
-    if plan.mesh is not None or plan.resume:
+    (where the placement allows it: `starts_early`)."""
+    if not plan.placement.starts_early or plan.resume:
         return None
     fresh = ahead.initialize(plan.init_key, plan.src_key)
     shapes = plan.kind.frozen_shapes(plan.recipe.target)
@@ -226,16 +214,6 @@ def _load_target(plan: _Plan) -> TrainedTarget:
     return trained
 
 
-def _placed(plan: _Plan, frozen: hk.Params) -> hk.Params:
-    """The frozen parameters, over the mesh where there is one."""
-    if plan.mesh is None:
-        return frozen
-    placed: hk.Params = jax.device_put(
-        frozen, frozen_shardings(plan.recipe.target, frozen, plan.mesh)
-    )
-    return placed
-
-
 def _train_in(
     folder: Path,
     plan: _Plan,
@@ -247,8 +225,8 @@ def _train_in(
     """The trained state: from the latest checkpoint in `folder` (resuming) or a new one, trained
     to the end with a checkpoint every `train.checkpoint_every` steps. A stop (Ctrl-C, SIGTERM)
     saves where the run is and is raised once the checkpoints are written."""
-    config, recipe, mesh = plan.config, plan.recipe, plan.mesh
-    batches = make_batches(config, recipe, plan.run_key, mesh, kind=plan.kind)
+    config, recipe = plan.config, plan.recipe
+    batches = make_batches(config, recipe, plan.run_key, plan.placement, kind=plan.kind)
     keep, intact = config.train.keep_checkpoints, partial(check_intact, folder)
     with Checkpoints(RunFolder(folder).checkpoints, keep, intact) as checkpoints:
         if not ahead.started:  # compiles while the state is restored or made
@@ -280,7 +258,7 @@ def _initial_state(
 ) -> TrainState:
     """The latest checkpoint's state (resuming), or a new one after the faithfulness warmup."""
     with deferred() as pending:  # a signal does not cut a restore
-        like = abstract_state(plan.recipe, plan.mesh)
+        like = plan.placement.abstract_state(plan.recipe)
         restored = checkpoints.restore_latest(like) if plan.resume else None
     _stop_if(pending)
     if restored is not None:
@@ -288,7 +266,7 @@ def _initial_state(
     else:
         made = fresh.result() if fresh is not None else None
         if made is None:
-            made = init_train_state(plan.recipe, plan.init_key, plan.src_key, plan.mesh)
+            made = plan.placement.init(plan.recipe, plan.init_key, plan.src_key)
         state = _warmed_up(plan.recipe, made, frozen)
     # A failed allocation (out of memory) raises here; jax 0.10.2 on a CPU would wait forever
     # reading a value (`int(state.step)`) of a computation that failed.
@@ -321,7 +299,7 @@ def _stepper(plan: _Plan, frozen: hk.Params, batches: Callable[[int], Batch]) ->
 def _evaluation(plan: _Plan, frozen: hk.Params) -> Evaluation:
     """The run's evaluation: its summary, with the figures drawn into the folder given."""
     config, recipe, kind, run_key = plan.config, plan.recipe, plan.kind, plan.run_key
-    eval_batches = make_batches(config, recipe, run_key, plan.mesh, True, kind)
+    eval_batches = make_batches(config, recipe, run_key, plan.placement, True, kind)
     return evaluation(kind, recipe, config.eval, frozen, eval_batches, run_key)
 
 

@@ -91,7 +91,7 @@ class Chunk:
         targets whose steps do not draw their own."""
         recipe = self.group.recipe
         per_member = [
-            make_batches(m.config, recipe, k, None, kind=kind)
+            make_batches(m.config, recipe, k, kind=kind)
             for m, k, kind in zip(self.members, self.host_run_keys, self.kinds, strict=True)
         ]
         return lambda step: jax.device_put(
@@ -102,7 +102,7 @@ class Chunk:
         """Member `i`'s summary (and figures), exactly as `pd.train.run` evaluates a run."""
         config, kind, recipe = self.members[i].config, self.kinds[i], self.group.recipe
         frozen, run_key = self.trained[i].params, self.host_run_keys[i]
-        eval_batches = make_batches(config, recipe, run_key, None, True, kind)
+        eval_batches = make_batches(config, recipe, run_key, evaluation=True, kind=kind)
         return evaluation(kind, recipe, config.eval, frozen, eval_batches, run_key)(state, folder)
 
     @property

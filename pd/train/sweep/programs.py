@@ -18,7 +18,7 @@ from pd.init import key_tree
 from pd.state import TrainState
 from pd.targets.base import Batch
 from pd.targets.configs import TargetConfig
-from pd.train.ahead import compile_for, shape_dtype
+from pd.train.ahead import compile_for
 from pd.train.config import ConfigError, RunConfig
 from pd.train.init_state import initial_state
 from pd.train.kinds import TargetKind, kind_of, reseeded
@@ -26,7 +26,7 @@ from pd.train.objective import Metrics, Recipe, state_monitors
 from pd.train.recipe import make_recipe
 from pd.train.step import Sampler, faith_warmup, step_fn, steps_fn
 from pd.train.sweep.spec import Member, SweepSpec
-from pd.xla import compiler_options, init_options
+from pd.xla import compiler_options, init_options, shape_dtype
 
 _spec: Callable[..., P] = P  # its constructor is unannotated upstream
 MEMBERS = _spec("members")  # the leading axis of every per-member array
