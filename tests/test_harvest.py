@@ -63,19 +63,21 @@ def test_the_harvest_equals_a_brute_force_count_over_the_same_tokens(
     lm: tuple[Decomposition, Harvest],
 ) -> None:
     d, h = lm
-    assert len(read_batches(d, CFG.max_tokens, CFG.rows)) == 4 and h.n_positions == 4 * 8 * 8
+    assert CFG.skip_first == 1  # each window's first position is context only
+    assert len(read_batches(d, CFG.max_tokens, CFG.rows)) == 4 and h.n_positions == 4 * 8 * 7
     for site, s in h.sites.items():
         ci, tokens = _brute(d, site)
-        fires = ci > CFG.threshold
+        flat, T = tokens.reshape(-1), tokens.shape[1]
+        counted = np.arange(flat.size) % T >= CFG.skip_first
+        fires = (ci > CFG.threshold) & counted[:, None]
         alive = np.flatnonzero(fires.any(0))
         np.testing.assert_array_equal(s.alive, alive)
         f, c = fires[:, alive], ci[:, alive]
         np.testing.assert_array_equal(s.count, f.sum(0))
-        np.testing.assert_allclose(s.ci_sum, c.sum(0), rtol=1e-5)
-        bins = np.clip((c * CFG.bins).astype(int), 0, CFG.bins - 1)
+        np.testing.assert_allclose(s.ci_sum, c[counted].sum(0), rtol=1e-5)
+        bins = np.clip((c[counted] * CFG.bins).astype(int), 0, CFG.bins - 1)
         np.testing.assert_array_equal(s.hist, [np.bincount(b, minlength=CFG.bins) for b in bins.T])
         np.testing.assert_array_equal(s.cofire, f.T.astype(int) @ f.astype(int))
-        flat, T = tokens.reshape(-1), tokens.shape[1]
         for a in range(alive.size):
             at = np.flatnonzero(f[:, a])
             order = at[np.lexsort((at, -c[at, a]))][: CFG.k]  # CI descending, earlier first
@@ -99,6 +101,15 @@ def test_the_harvest_equals_a_brute_force_count_over_the_same_tokens(
             )
             sampled = s.sample[1][a][s.sample[1][a] != PAD]
             assert sampled.size == min(CFG.k, at.size) and set(sampled) <= set(at)
+    assert h.token_counts is not None and h.next_counts is not None
+    vocab = h.token_counts.size
+    skip = CFG.skip_first
+    np.testing.assert_array_equal(
+        h.token_counts, np.bincount(tokens[:, skip:].ravel(), minlength=vocab)
+    )
+    np.testing.assert_array_equal(
+        h.next_counts, np.bincount(tokens[:, skip + 1 :].ravel(), minlength=vocab)
+    )
 
 
 def test_pmi_and_partners_follow_their_definitions(lm: tuple[Decomposition, Harvest]) -> None:
@@ -126,7 +137,7 @@ def test_the_sample_of_firings_is_uniform() -> None:
     """One subcomponent firing at every one of 3 × 8 positions, a sample of 2 drawn 3000 times
     with different keys: each position is kept 2/24 of the time (a chi-square test that a
     sampler keeping early or late firings fails)."""
-    cfg = HarvestConfig(k=2, window=0, bins=2)
+    cfg = HarvestConfig(k=2, window=0, bins=2, skip_first=0)
     ci = jnp.ones((2, 4, 1))  # [B, T, A]: 8 positions a batch, all firing
     x = jnp.zeros((2, 4), jnp.int32)
 

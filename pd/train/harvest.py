@@ -14,7 +14,10 @@ more than `ONE_PASS_C` subcomponents (else once, keeping every subcomponent unti
    its firings (sparse).
 
 Positions are numbered in the order they are read: `batch · B · T + row · T + t`. Among equal
-CI the earlier position ranks first.
+CI the earlier position ranks first. The first `skip_first` positions of each token window are
+read as context only (they show in the windows around firings, and nothing else counts them):
+a window starts mid-text, so its first token, which attends to nothing before it, is where the
+model parks attention it does not need, and many subcomponents fire there whatever the token.
 """
 
 import ctypes
@@ -56,6 +59,7 @@ class HarvestConfig:
     bins: int = 20  # CI histogram bins over [0, 1]
     max_tokens: int = 200_000  # positions read at most (examples, for a toy)
     seed: int = 0  # the sample's random keys
+    skip_first: int = 1  # positions at the start of each token window read as context only
     # Examples per batch read; 0: the run's eval.batch, and for tokens at least 4096 positions.
     rows: int = 0
 
@@ -85,11 +89,11 @@ class SiteHarvest:
 @dataclass(frozen=True)
 class Harvest:
     config: HarvestConfig
-    n_positions: int
+    n_positions: int  # positions counted (not a window's first `skip_first`)
     seq_len: int  # positions per example (1 for a toy)
     sites: dict[str, SiteHarvest]
-    token_counts: Int[np.ndarray, " vocab"] | None  # every input token read (tokens only)
-    next_counts: Int[np.ndarray, " vocab"] | None  # every next token read
+    token_counts: Int[np.ndarray, " vocab"] | None  # every input token counted (tokens only)
+    next_counts: Int[np.ndarray, " vocab"] | None  # the token after every position counted
 
 
 def _windows(x: Array, at: Int[Array, "A n"], w: int, pad: float | int) -> Array:
@@ -163,14 +167,17 @@ def site_step(
     cfg: HarvestConfig,
 ) -> tuple[Carry, Bool[Array, "N A"]]:
     """One batch into a site's accumulators (`ci` of its alive subcomponents, `x` the inputs,
-    or PAD where they are not tokens); also returns where each fires."""
+    or PAD where they are not tokens); also returns where each fires (never at a window's
+    first `skip_first` positions)."""
     count, ci_sum, hist, cofire, top, sample = carry
     flat = ci.reshape(-1, ci.shape[-1])
-    fires = flat > cfg.threshold
+    counted = (jnp.arange(flat.shape[0]) % ci.shape[1] >= cfg.skip_first)[:, None]
+    fires = (flat > cfg.threshold) & counted
     as_float = fires.astype(jnp.float32)  # counts of a batch are exact in float32
     cofire = cofire + (as_float.T @ as_float).astype(jnp.int32)
     bin_of = jnp.clip((flat * cfg.bins).astype(jnp.int32), 0, cfg.bins - 1)
-    hist = hist.at[jnp.arange(flat.shape[1])[None, :], bin_of].add(1)  # no [N, A, bins] one-hot
+    # no [N, A, bins] one-hot
+    hist = hist.at[jnp.arange(flat.shape[1])[None, :], bin_of].add(counted.astype(jnp.int32))
     k, w = cfg.k, cfg.window
     by_ci = _candidates(jnp.where(fires, flat, -jnp.inf), ci, x, k, w)
     u = jax.random.uniform(key, flat.shape)
@@ -179,7 +186,7 @@ def site_step(
     by_key = (by_key[0], by_key[1] + offset, by_key[2], by_key[3])
     top, sample = _merge(top, by_ci, k), _merge(sample, by_key, k)
     count = count + fires.sum(0, dtype=jnp.int32)
-    return (count, ci_sum + flat.sum(0), hist, cofire, top, sample), fires
+    return (count, ci_sum + jnp.where(counted, flat, 0.0).sum(0), hist, cofire, top, sample), fires
 
 
 def _as_bt(ci: Array) -> Array:
@@ -313,40 +320,50 @@ def _release_freed() -> None:
 def harvest(d: Decomposition, cfg: HarvestConfig = DEFAULTS, bar: bool = True) -> Harvest:
     """The harvest of `d` over its held-out data (see the module's docstring)."""
     batches = read_batches(d, cfg.max_tokens, cfg.rows)
-    ci_of = partial(batch_ci, d)
-    sizes = {site: int(d.V[site].shape[-1]) for site in d.sites}
-    if max(sizes.values()) <= ONE_PASS_C:  # every subcomponent, the silent ones dropped at the end
-        alive = {site: np.arange(C) for site, C in sizes.items()}
-    else:  # pass 1: who fires at all
-        fired = {site: np.zeros(C, bool) for site, C in sizes.items()}
-        for x in batches:
-            for site, ci in ci_of(x).items():
-                fired[site] |= np.asarray(jnp.any(_as_bt(ci) > cfg.threshold, axis=(0, 1)))
-        alive = {site: np.flatnonzero(f) for site, f in fired.items()}
     tokens = jnp.issubdtype(batches[0].dtype, jnp.integer)
+    if not tokens:  # a toy's example is one position: no neighbours, nothing before it
+        cfg = replace(cfg, window=0, skip_first=0)
+    alive = _alive_candidates(d, batches, cfg)
     vocab = int(jax.eval_shape(d.clean, batches[0]).shape[-1]) if tokens else 0
     counts: dict[str, tuple[sp.csr_matrix, sp.csr_matrix]] = {}
     totals, next_totals = np.zeros(vocab, np.int64), np.zeros(vocab, np.int64)
-    if not tokens:  # a toy's example is one position: no neighbours to show
-        cfg = replace(cfg, window=0)
     carries = {site: initial_carry(a.size, cfg) for site, a in alive.items()}
-    key, offset = jax.random.key(cfg.seed), 0
+    key, offset, skip = jax.random.key(cfg.seed), 0, cfg.skip_first
     for b, x in enumerate(tqdm(batches, desc="harvest", unit="batch", disable=not bar)):
         inputs = _inputs(x)
         keys = [jax.random.fold_in(key, b * len(alive) + i) for i in range(len(alive))]
-        _add_batch(carries, counts, ci_of(x), alive, inputs, keys, offset, cfg, vocab)
+        _add_batch(carries, counts, batch_ci(d, x), alive, inputs, keys, offset, cfg, vocab)
         _release_freed()
         if tokens:
-            totals += np.bincount(inputs.reshape(-1), minlength=vocab)
-            next_totals += np.bincount(inputs[:, 1:].reshape(-1), minlength=vocab)
+            totals += np.bincount(inputs[:, skip:].reshape(-1), minlength=vocab)
+            next_totals += np.bincount(inputs[:, skip + 1 :].reshape(-1), minlength=vocab)
         offset += inputs.size
     sites = {
-        site: _alive_only(_finished(sizes[site], idx, carries[site], counts.get(site)))
+        site: _alive_only(_finished(int(d.V[site].shape[-1]), idx, carries[site], counts.get(site)))
         for site, idx in alive.items()
     }
+    T = batches[0].shape[1] if tokens else 1
+    read = offset // T * (T - skip)  # the positions counted
     if not tokens:
-        return Harvest(cfg, offset, 1, sites, None, None)
-    return Harvest(cfg, offset, batches[0].shape[1], sites, totals, next_totals)
+        return Harvest(cfg, read, 1, sites, None, None)
+    return Harvest(cfg, read, T, sites, totals, next_totals)
+
+
+def _alive_candidates(
+    d: Decomposition, batches: list[Batch], cfg: HarvestConfig
+) -> dict[str, Int[np.ndarray, " A"]]:
+    """Per site, the subcomponents the harvest keeps: every one, where no site has more than
+    `ONE_PASS_C` (the silent ones are dropped at the end), else those that fire somewhere in a
+    first pass over `batches`."""
+    sizes = {site: int(d.V[site].shape[-1]) for site in d.sites}
+    if max(sizes.values()) <= ONE_PASS_C:
+        return {site: np.arange(C) for site, C in sizes.items()}
+    fired = {site: np.zeros(C, bool) for site, C in sizes.items()}
+    for x in batches:
+        for site, ci in batch_ci(d, x).items():
+            read = _as_bt(ci)[:, cfg.skip_first :]
+            fired[site] |= np.asarray(jnp.any(read > cfg.threshold, axis=(0, 1)))
+    return {site: np.flatnonzero(f) for site, f in fired.items()}
 
 
 def save(h: Harvest, path: Path) -> None:

@@ -130,20 +130,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     parser.add_argument("--threshold", type=float, default=defaults.threshold)
     parser.add_argument("--k", type=int, default=defaults.k, help="top and sampled firings kept")
+    parser.add_argument(
+        "--skip-first",
+        type=int,
+        default=defaults.skip_first,
+        help="positions at the start of each token window read as context only",
+    )
     parser.add_argument("--no-bar", action="store_true", help="no progress bar")
     parser.add_argument(
         "--text", help="print each token's most important subcomponents per site instead"
     )
     args = parser.parse_args(argv)
-    if args.max_tokens < 1 or args.k < 1 or not 0 <= args.threshold < 1:
+    if args.max_tokens < 1 or args.k < 1 or args.skip_first < 0 or not 0 <= args.threshold < 1:
         print(
-            f"error: --max-tokens {args.max_tokens}, --k {args.k} and --threshold "
-            f"{args.threshold}, expected positive counts and a threshold in [0, 1)",
+            f"error: --max-tokens {args.max_tokens}, --k {args.k}, --skip-first "
+            f"{args.skip_first} and --threshold {args.threshold}, expected positive counts, a "
+            "skip of 0 or more and a threshold in [0, 1)",
             file=sys.stderr,
         )
         return 2
     show_pd_logs()
-    cfg = HarvestConfig(args.threshold, args.k, max_tokens=args.max_tokens)
+    cfg = HarvestConfig(
+        args.threshold, args.k, max_tokens=args.max_tokens, skip_first=args.skip_first
+    )
     try:
         if args.text is not None:
             print(active_table(load(args.run_dir), args.text))
