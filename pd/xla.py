@@ -25,7 +25,7 @@ from typing import ParamSpec, TypeVar, cast
 import jax
 from jax.tree_util import PyTreeDef
 
-from pd.ci import CIFunction, PerSiteCI
+from pd.ci import CIFunction
 
 P = ParamSpec("P")
 # jax.ShapeDtypeStruct, typed (its constructor is unannotated upstream).
@@ -41,8 +41,7 @@ def compiler_options(ci_fn: CIFunction) -> dict[str, str]:
     backend."""
     if jax.default_backend() != "cpu":
         return {}
-    per_subcomponent = isinstance(ci_fn, PerSiteCI) and ci_fn.kind in ("mlp", "vector_mlp")
-    return _WIDE_VECTORS | (_YNN_DOTS_ONLY if per_subcomponent else {})
+    return _WIDE_VECTORS | (_YNN_DOTS_ONLY if ci_fn.many_small_dots else {})
 
 
 def init_options() -> dict[str, str]:

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from pd.ci import GroupParams
 from pd.ci.chunkwise import Chunk, ChunkwiseTransformer
 from pd.shard import ShardingError, make_mesh
-from pd.shard.ci import chunk_param_shardings
+from pd.shard.ci import ci_param_shardings
 
 
 def _ci(
@@ -67,7 +67,7 @@ def _sharded_init(
     ct: ChunkwiseTransformer, model: int
 ) -> Callable[[ChunkwiseTransformer, jax.Array], GroupParams]:
     """The vmapped init placed by `out_shardings` on a (data, model) mesh of the 4 devices."""
-    shardings = chunk_param_shardings(ct, make_mesh({"data": 4 // model, "model": model}))
+    shardings = ci_param_shardings(ct, make_mesh({"data": 4 // model, "model": model}))
     init: Callable[[ChunkwiseTransformer, jax.Array], GroupParams] = jax.jit(
         ChunkwiseTransformer.init, static_argnums=0, out_shardings=shardings
     )
@@ -199,8 +199,23 @@ def test_chunk_param_shardings_fail_loudly() -> None:
     with pytest.raises(
         ShardingError, match=r"parameter \S+: axis 'wide' of size 6 does not divide"
     ):
-        chunk_param_shardings(_ci(2, d_model=6, n_heads=1, mlp_hidden=8), mesh)
+        ci_param_shardings(_ci(2, d_model=6, n_heads=1, mlp_hidden=8), mesh)
     with pytest.raises(
-        ShardingError, match=r"parameter block_0/mlp_(in|out): axis 'wide' of size 10"
+        ShardingError, match=r"parameter 0/block_0/mlp_(in|out): axis 'wide' of size 10"
     ):
-        chunk_param_shardings(_ci(2, d_model=8, n_heads=1, mlp_hidden=10), mesh)
+        ci_param_shardings(_ci(2, d_model=8, n_heads=1, mlp_hidden=10), mesh)
+
+
+def test_a_parameter_without_logical_axes_is_refused_not_replicated() -> None:
+    class NewWeight:
+        """The chunkwise transformer's axes, for parameters with a name it does not know."""
+
+        def init(self, ci_key: jax.Array) -> GroupParams:
+            del ci_key
+            return ({"block_0": {"gate": jnp.zeros((2, 4, 4))}},)
+
+        def param_axes(self, path: tuple[object, ...], ndim: int) -> tuple[str | None, ...]:
+            return _ci().param_axes(path, ndim)
+
+    with pytest.raises(ShardingError, match="chunkwise CI parameter gate has no logical axes"):
+        ci_param_shardings(NewWeight(), make_mesh({"data": 1, "model": 4}))

@@ -14,6 +14,8 @@ from pd.precision import matmul
 from pd.sites import SiteTable, input_tap
 
 GroupParams = tuple[hk.Params, ...]
+KeyPath = tuple[object, ...]  # a parameter's place in `GroupParams` (jax's key path)
+LogicalAxes = tuple[str | None, ...]
 # Clean-path activations by name, stacked over the layers (S4; see `pd.targets.base.Taps`).
 Taps = dict[str, Float[Array, "_n B ..."]]
 # Each site's inner activations `x @ V` on its clean path, `[n_g, *L, C]` per shape group.
@@ -50,6 +52,17 @@ class CIFunction(Protocol):
         ...
 
     def ci(self, params: GroupParams, taps: Taps, inner: Inner | None) -> CI: ...
+
+    def param_axes(self, path: KeyPath, ndim: int) -> LogicalAxes:
+        """The logical axes (`pd.shard`'s rule table places them) of the parameter at `path`
+        in `init`'s output; ValueError for a parameter the function does not know."""
+        ...
+
+    @property
+    def many_small_dots(self) -> bool:
+        """Whether the function is many small per-subcomponent networks (a compiler option
+        helps those on a CPU)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -98,3 +111,13 @@ class PerSiteCI:
             assert inner is not None, "the mlp CI function reads the inner activations"
             return self.apply(params, inner)
         return self.apply(params, self._inputs(taps))
+
+    def param_axes(self, path: KeyPath, ndim: int) -> LogicalAxes:
+        """`[n_sites, …]`: the sites' axis kept whole, the next (a subcomponent MLP's C, a
+        shared MLP's fan-in or width) split over every device (`spread`)."""
+        del path
+        return (None, "spread", *(None,) * (ndim - 2))
+
+    @property
+    def many_small_dots(self) -> bool:
+        return self.kind in ("mlp", "vector_mlp")

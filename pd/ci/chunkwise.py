@@ -12,7 +12,7 @@ import numpy as np
 from jaxtyping import Array, Float, Key
 
 from pd import loops
-from pd.ci import CI, GroupParams, Inner, Taps, squash
+from pd.ci import CI, GroupParams, Inner, KeyPath, LogicalAxes, Taps, squash
 from pd.precision import matmul
 from pd.rope import rope, rope_tables
 from pd.shard import gathered, stored
@@ -38,7 +38,7 @@ WEIGHT_AXES: dict[str, tuple[str | None, ...]] = {
 BIASES = frozenset({"w_in_b", "mlp_in_b", "mlp_out_b", "w_out_b"})  # small: replicated
 
 
-def param_axes(name: str, ndim: int) -> tuple[str | None, ...] | None:
+def weight_axes(name: str, ndim: int) -> tuple[str | None, ...] | None:
     """One chunk's parameter's logical axes (a bias: none), None for an unknown name."""
     if name in BIASES:
         return (None,) * ndim
@@ -97,6 +97,18 @@ class ChunkwiseTransformer:
     def slot_C(self) -> tuple[int, ...]:
         Cs = dict(self.site_C)
         return tuple(Cs[s] for s in self.chunks[0].sites)
+
+    def param_axes(self, path: KeyPath, ndim: int) -> LogicalAxes:
+        """A stacked parameter's axes: `chunks`, then its own by name (`WEIGHT_AXES`; a bias
+        has none); ValueError for a name in neither."""
+        name = str(getattr(path[-1], "key", path[-1]))
+        axes = weight_axes(name, ndim - 1)
+        if axes is None:
+            raise ValueError(
+                f"chunkwise CI parameter {name} has no logical axes, expected one of "
+                f"{sorted(WEIGHT_AXES)} or a bias"
+            )
+        return ("chunks", *axes)
 
     def net(self) -> hk.Transformed:
         """One chunk: `[B, T, input_dim]` → per-slot logits `[B, T, C_j]`."""
@@ -211,13 +223,20 @@ class ChunkwiseCI:
         }
         return squash(self.table.gather_groups(dict(enumerate(per_slot)), where))
 
+    def param_axes(self, path: KeyPath, ndim: int) -> LogicalAxes:
+        return self.transformer.param_axes(path, ndim)
+
+    @property
+    def many_small_dots(self) -> bool:
+        return False
+
 
 def _what(module: str, name: str) -> str:
     return f"chunkwise CI parameter {module}/{name}"
 
 
 def _axes(name: str, leaf: Array) -> tuple[str | None, ...]:
-    axes = param_axes(name, leaf.ndim)
+    axes = weight_axes(name, leaf.ndim)
     assert axes is not None, f"chunkwise CI parameter {name} has no logical axes"
     return axes
 

@@ -1,59 +1,44 @@
-"""Placement of the chunkwise-transformer CI parameters (SPEC §4.1, §11): weights on their wide
-axis over `model` and their other axis over `data` (`pd.ci.chunkwise.WEIGHT_AXES`), biases
-replicated, the stacked `chunks` axis left to the rules (unsharded by default)."""
+"""Placement of a CI function's parameters (SPEC §4.1, §11), from the logical axes the function
+gives each one (`CIFunction.param_axes`): the chunkwise transformer's weights on their wide
+axis over `model` and their other axis over `data`, biases replicated, the stacked `chunks` axis
+left to the rules; a per-site function's parameters split over every device after the sites'
+axis."""
 
 from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
 
 import jax
 from jax.sharding import Mesh, NamedSharding
+from jaxtyping import Array, Key
 
-from pd.ci import GroupParams
-from pd.ci.chunkwise import WEIGHT_AXES, ChunkwiseTransformer, param_axes
+from pd.ci import GroupParams, KeyPath, LogicalAxes
 from pd.shard import DEFAULT_RULES, MeshAxes, ShardingError, named_sharding
 
-# Shaped like `ChunkwiseTransformer.init`'s output: one dict of modules of parameters.
-ChunkShardings = tuple[dict[str, dict[str, NamedSharding]], ...]
+
+@runtime_checkable
+class Placeable(Protocol):
+    """What placing parameters needs of a CI function (or of the chunkwise transformer)."""
+
+    def init(self, ci_key: Key[Array, ""]) -> GroupParams: ...
+    def param_axes(self, path: KeyPath, ndim: int) -> LogicalAxes: ...
 
 
-def chunk_param_shardings(
-    ct: ChunkwiseTransformer, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES
-) -> ChunkShardings:
-    """Every stacked parameter's NamedSharding, for `jax.jit(ct.init, out_shardings=…)`.
-
-    A wide size that does not divide its mesh axes raises ShardingError naming the parameter;
-    an unknown parameter name raises too, rather than silently replicating a new weight.
-    """
-    abstract: GroupParams = jax.eval_shape(lambda: ct.init(jax.random.key(0)))  # no compile
-
-    def placed(module: str, name: str, shape: tuple[int, ...]) -> NamedSharding:
-        what = f"chunkwise CI parameter {module}/{name}"
-        axes = param_axes(name, len(shape) - 1)
-        if axes is None:
-            raise ShardingError(
-                f"{what} has no logical axes, expected one of {sorted(WEIGHT_AXES)} or a bias"
-            )
-        return named_sharding(what, shape, ("chunks", *axes), mesh, rules)
-
-    return tuple(
-        {
-            module: {name: placed(module, name, leaf.shape) for name, leaf in params.items()}
-            for module, params in group.items()
-        }
-        for group in abstract
-    )
-
-
-def per_site_param_shardings(
-    params: object, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES
+def ci_param_shardings(
+    ci_fn: Placeable, mesh: Mesh, rules: Mapping[str, MeshAxes] = DEFAULT_RULES
 ) -> object:
-    """The placement of a per-site CI function's parameters (`[n_sites, …]` per shape group,
-    here their shapes), each split over
-    every device on its axis after the sites' (`spread`: a subcomponent MLP's C, a shared MLP's
-    fan-in or width); one that does not divide raises ShardingError naming the parameter."""
+    """Every parameter's NamedSharding, shaped like `ci_fn.init`'s output (for `jax.jit`'s
+    `out_shardings`). A size that does not divide its mesh axes raises ShardingError naming
+    the parameter; so does a parameter without logical axes, rather than being replicated."""
+    shapes: GroupParams = jax.eval_shape(ci_fn.init, jax.random.key(0))  # nothing computed
 
     def placed(path: tuple[object, ...], leaf: jax.ShapeDtypeStruct) -> NamedSharding:
-        what = f"per-site CI parameter {jax.tree_util.keystr(path)}"
-        logical = (None, "spread", *(None,) * (leaf.ndim - 2))
-        return named_sharding(what, leaf.shape, logical, mesh, rules)
+        what = "CI parameter " + "/".join(
+            str(getattr(k, "key", getattr(k, "idx", k))) for k in path
+        )
+        try:
+            axes = ci_fn.param_axes(path, leaf.ndim)
+        except ValueError as err:
+            raise ShardingError(str(err)) from None
+        return named_sharding(what, leaf.shape, axes, mesh, rules)
 
-    return jax.tree_util.tree_map_with_path(placed, params)
+    return jax.tree_util.tree_map_with_path(placed, shapes)

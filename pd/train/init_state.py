@@ -9,12 +9,10 @@ from jax.sharding import Mesh, NamedSharding
 from jaxtyping import Array, Key
 
 from pd.adversary import Sources, init_source_adam, init_sources, scope_shape
-from pd.ci import PerSiteCI
-from pd.ci.chunkwise import ChunkwiseCI
 from pd.init import init_ci_fn, init_vu
 from pd.precision import DTYPES
 from pd.shard import source_shardings, vu_shardings
-from pd.shard.ci import chunk_param_shardings, per_site_param_shardings
+from pd.shard.ci import ci_param_shardings
 from pd.shard.state import train_state_shardings
 from pd.state import TrainState
 from pd.train.objective import Recipe
@@ -50,12 +48,7 @@ def state_shardings(recipe: Recipe, mesh: Mesh) -> TrainState:
     """Where every leaf lives (SPEC §11): V/U and every CI weight over the whole mesh (ZeRO-3),
     sources by scope, optimizer moments like their parameters."""
     abstract = state_shapes(recipe)
-    ci_fn = recipe.ci_fn
-    if isinstance(ci_fn, ChunkwiseCI):
-        ci_params: object = chunk_param_shardings(ci_fn.transformer, mesh)
-    else:
-        assert isinstance(ci_fn, PerSiteCI)
-        ci_params = per_site_param_shardings(abstract.ci_params, mesh)
+    ci_params = ci_param_shardings(recipe.ci_fn, mesh)
     sources: tuple[NamedSharding, ...] = ()
     if abstract.sources:
         per_example = recipe.loss.adversary.scope in ("bc", "bsc")
