@@ -2,6 +2,7 @@
 and its sample's uniformity; `python -m pd.inspect` on a TMS run is in test_convergence.py."""
 
 import json
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import cast
@@ -243,3 +244,9 @@ def test_the_page_is_written_in_parts_as_one_json(
     template = (Path(harvest_module.__file__).parent / "dashboard.html").read_text()
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     assert (tmp_path / "page.html").read_text() == template.replace("/*DATA*/", payload)
+
+
+def test_a_skip_as_long_as_the_window_is_refused(lm: tuple[Decomposition, Harvest]) -> None:
+    d, _ = lm
+    with pytest.raises(ValueError, match=r"skip_first is 8, expected .* fewer than the 8"):
+        harvest(d, replace(CFG, skip_first=8), bar=False)

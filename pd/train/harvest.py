@@ -323,6 +323,12 @@ def harvest(d: Decomposition, cfg: HarvestConfig = DEFAULTS, bar: bool = True) -
     tokens = jnp.issubdtype(batches[0].dtype, jnp.integer)
     if not tokens:  # a toy's example is one position: no neighbours, nothing before it
         cfg = replace(cfg, window=0, skip_first=0)
+    T = batches[0].shape[1] if tokens else 1
+    if not 0 <= cfg.skip_first < T:
+        raise ValueError(
+            f"skip_first is {cfg.skip_first}, expected 0 or more and fewer than the {T} "
+            "positions of a window"
+        )
     alive = _alive_candidates(d, batches, cfg)
     vocab = int(jax.eval_shape(d.clean, batches[0]).shape[-1]) if tokens else 0
     counts: dict[str, tuple[sp.csr_matrix, sp.csr_matrix]] = {}
@@ -342,7 +348,6 @@ def harvest(d: Decomposition, cfg: HarvestConfig = DEFAULTS, bar: bool = True) -
         site: _alive_only(_finished(int(d.V[site].shape[-1]), idx, carries[site], counts.get(site)))
         for site, idx in alive.items()
     }
-    T = batches[0].shape[1] if tokens else 1
     read = offset // T * (T - skip)  # the positions counted
     if not tokens:
         return Harvest(cfg, read, 1, sites, None, None)
