@@ -12,7 +12,7 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 
-from pd.train.dashboard import page_data, write_page
+from pd.train.dashboard import Extras, page_data, write_page
 from pd.train.harvest import PAD, Harvest, HarvestConfig, SiteHarvest
 
 VOCAB, K, W = 5000, 20, 21
@@ -41,7 +41,14 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, obje
     sites = {"layers.0.mlp.down": _site(rng, 1000), "layers.1.mlp.down": _site(rng, 1000)}
     counts = rng.integers(1, 50, VOCAB)
     h = Harvest(HarvestConfig(), 60_000, 128, sites, counts, counts)
-    data = page_data(h, _labels, {"kl/ci_masked": 0.5}, "synthetic")
+    effects: list[object] = [
+        [[[int(t), 0.5] for t in rng.integers(0, VOCAB, 10)] for _ in "+-"] for _ in range(1000)
+    ]
+    extras: Extras = {
+        "layers.0.mlp.down": {"ablated": effects},
+        "layers.1.mlp.down": {"out": effects},
+    }
+    data = page_data(h, _labels, {"kl/ci_masked": 0.5}, "synthetic", extras)
     path = tmp_path_factory.mktemp("page") / "components.html"
     write_page(path, data)
     return path, data
@@ -88,4 +95,9 @@ def test_the_page_loads_filters_and_follows_links(page: tuple[Path, dict[str, ob
 
         WebDriverWait(driver, 10).until(in_view)
         assert driver.find_element(By.ID, "token").get_attribute("value") == ""
+        assert "logits it raises" in card.text and "ablated" not in card.text
+        driver.get(f"{path.resolve().as_uri()}#layers.0.mlp.down/3")
+        card = driver.find_element(By.ID, "layers.0.mlp.down/3")
+        WebDriverWait(driver, 10).until(in_view)
+        assert "ablated: logits that rise" in card.text and "logits it raises" not in card.text
         assert console_errors(driver) == []

@@ -16,6 +16,7 @@ from test_lm_recipe import TINY_LM, token_file
 
 from pd.train import harvest as harvest_module
 from pd.train import load_config, run
+from pd.train.ablation import ablation_effects
 from pd.train.dashboard import page_data, partners, pmi_rows, write_page
 from pd.train.decomposition import Decomposition
 from pd.train.harvest import (
@@ -250,3 +251,36 @@ def test_a_skip_as_long_as_the_window_is_refused(lm: tuple[Decomposition, Harves
     d, _ = lm
     with pytest.raises(ValueError, match=r"skip_first is 8, expected .* fewer than the 8"):
         harvest(d, replace(CFG, skip_first=8), bar=False)
+
+
+def test_ablation_effects_are_the_mean_logit_change_of_exact_ablations(
+    lm: tuple[Decomposition, Harvest],
+) -> None:
+    """For a site that does not write the residual stream (q), each subcomponent's listed
+    tokens are the largest rises and falls of the mean over its first two sampled firings of
+    `Decomposition.ablate(...) - clean` at the firing's position."""
+    d, h = lm
+    extras, tokens = ablation_effects(d, h, n=2, top=3, bar=False)
+    assert set(extras) == {s for s in h.sites if s.endswith(".attn.q")}
+    windows = np.concatenate([np.asarray(x) for x in read_batches(d, CFG.max_tokens, CFG.rows)])
+    T = h.seq_len
+    for site, fields in extras.items():
+        s = h.sites[site]
+        rows = cast(list[list[list[tuple[int, float]]]], fields["ablated"])
+        assert len(rows) == s.alive.size
+        for a in range(min(3, s.alive.size)):  # exact ablations are eager: a few suffice
+            picks = [int(p) for p in s.sample[1][a, :2] if p != PAD]
+            change = np.mean(
+                [
+                    np.asarray(d.ablate(windows[p // T][None], site, [int(s.alive[a])]))[0, p % T]
+                    - np.asarray(d.clean(windows[p // T][None]))[0, p % T]
+                    for p in picks
+                ],
+                axis=0,
+            )
+            for sign, listed in zip((1.0, -1.0), rows[a], strict=True):
+                third = np.sort(sign * change)[-3]
+                for token, value in listed:
+                    assert value == pytest.approx(change[token], abs=2e-3)
+                    assert sign * change[token] >= third - 2e-3
+                    assert token in tokens

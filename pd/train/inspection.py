@@ -16,6 +16,7 @@ import numpy as np
 
 from pd.log import show_pd_logs
 from pd.targets.base import Target
+from pd.train.ablation import SIGNS, ablation_effects, token_rows
 from pd.train.config import ConfigError
 from pd.train.dashboard import Extras, page_data, write_page
 from pd.train.decomposition import Decomposition, load
@@ -38,7 +39,6 @@ def probe_answers(d: Decomposition, h: Harvest) -> Extras:
     }
 
 
-SIGNS = (1.0, -1.0)  # the raised logits, then the lowered
 # per sign: the `top` values of `sign · logits` and their tokens, `[A, top]` each
 Extremes = list[tuple[jax.Array, jax.Array]]
 
@@ -72,29 +72,23 @@ def output_tokens(d: Decomposition, h: Harvest, top: int = 10) -> tuple[Extras, 
         found = _extreme_logits(d.target, site, top)(d.frozen, d.U[site][s.alive])
         if found is None:
             continue
-        rows = [
-            (np.asarray(ids), sign * np.asarray(vals))
-            for sign, (vals, ids) in zip(SIGNS, found, strict=True)
-        ]
-        extras[site] = {
-            "out": [
-                [
-                    [[int(t), round(float(v), 3)] for t, v in zip(i[a], v[a], strict=True)]
-                    for i, v in rows
-                ]
-                for a in range(s.alive.size)
-            ]
-        }
-        tokens.update(int(t) for i, _ in rows for t in i.reshape(-1))
+        arrays = [(np.asarray(vals), np.asarray(ids)) for vals, ids in found]
+        extras[site] = {"out": token_rows(arrays, tokens)}
     return extras, tokens
 
 
-def inspect_run(run_dir: Path, cfg: HarvestConfig = DEFAULTS, bar: bool = True) -> Harvest:
+def inspect_run(
+    run_dir: Path, cfg: HarvestConfig = DEFAULTS, bar: bool = True, ablate: int = 0
+) -> Harvest:
     """Harvest the run in `run_dir` and write `inspect/harvest.npz` and
-    `inspect/components.html` into it; returns the harvest."""
+    `inspect/components.html` into it; returns the harvest. `ablate`: sampled firings per
+    subcomponent over which the output tokens of sites that do not write the residual stream
+    are measured (`pd.train.ablation`); 0 leaves them out."""
     d = load(run_dir)
     h = harvest(d, cfg, bar)
     outputs, tokens = output_tokens(d, h)
+    ablated, more = ablation_effects(d, h, ablate, bar=bar)
+    tokens |= more
     probes = probe_answers(d, h)
     name, labels = d.config.name, d.kind.labels
     del d  # the frozen target's weights, not needed from here on
@@ -104,7 +98,10 @@ def inspect_run(run_dir: Path, cfg: HarvestConfig = DEFAULTS, bar: bool = True) 
     summary_file = RunFolder(run_dir).summary
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     title = f"{name}: {sum(s.alive.size for s in h.sites.values())} alive subcomponents"
-    extras = {site: probes.get(site, {}) | outputs.get(site, {}) for site in h.sites}
+    extras = {
+        site: probes.get(site, {}) | outputs.get(site, {}) | ablated.get(site, {})
+        for site in h.sites
+    }
     data = page_data(h, labels, summary, title, extras, tokens)
     write_page(out / "components.html", data)
     log.info("wrote %s and %s", out / "harvest.npz", out / "components.html")
@@ -136,16 +133,25 @@ def main(argv: list[str] | None = None) -> int:
         default=defaults.skip_first,
         help="positions at the start of each token window read as context only",
     )
+    parser.add_argument(
+        "--ablate",
+        type=int,
+        default=0,
+        help="sampled firings per subcomponent over which the logit change of ablating it is "
+        "averaged, for the sites that do not write the residual stream (a forward each); 0: none",
+    )
     parser.add_argument("--no-bar", action="store_true", help="no progress bar")
     parser.add_argument(
         "--text", help="print each token's most important subcomponents per site instead"
     )
     args = parser.parse_args(argv)
-    if args.max_tokens < 1 or args.k < 1 or args.skip_first < 0 or not 0 <= args.threshold < 1:
+    counts, zero_or_more = (args.max_tokens, args.k), (args.skip_first, args.ablate)
+    if min(counts) < 1 or min(zero_or_more) < 0 or not 0 <= args.threshold < 1:
         print(
             f"error: --max-tokens {args.max_tokens}, --k {args.k}, --skip-first "
-            f"{args.skip_first} and --threshold {args.threshold}, expected positive counts, a "
-            "skip of 0 or more and a threshold in [0, 1)",
+            f"{args.skip_first}, --ablate {args.ablate} and --threshold {args.threshold}, "
+            "expected positive counts, a skip and an ablation count of 0 or more and a "
+            "threshold in [0, 1)",
             file=sys.stderr,
         )
         return 2
@@ -157,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.text is not None:
             print(active_table(load(args.run_dir), args.text))
             return 0
-        inspect_run(args.run_dir, cfg, not args.no_bar)
+        inspect_run(args.run_dir, cfg, not args.no_bar, args.ablate)
     except (ConfigError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
