@@ -12,7 +12,8 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 
-from pd.train.dashboard import Extras, page_data, write_page
+from pd.train import dashboard
+from pd.train.dashboard import Extras, page_data, write_page, write_pages
 from pd.train.harvest import PAD, Harvest, HarvestConfig, SiteHarvest
 
 VOCAB, K, W = 5000, 20, 21
@@ -100,4 +101,32 @@ def test_the_page_loads_filters_and_follows_links(page: tuple[Path, dict[str, ob
         card = driver.find_element(By.ID, "layers.0.mlp.down/3")
         WebDriverWait(driver, 10).until(in_view)
         assert "ablated: logits that rise" in card.text and "logits it raises" not in card.text
+        assert console_errors(driver) == []
+
+
+@needs_browser
+def test_pages_per_site_load_and_link(
+    page: tuple[Path, dict[str, object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over `PAGE_CARDS` cards, the index lists the sites with links to their own pages, which
+    load with their cards and link back."""
+    monkeypatch.setattr(dashboard, "PAGE_CARDS", 100)
+    rng = np.random.default_rng(1)
+    sites = {"layers.0.mlp.down": _site(rng, 150), "layers.1.mlp.down": _site(rng, 150)}
+    counts = rng.integers(1, 50, VOCAB)
+    h = Harvest(HarvestConfig(), 60_000, 128, sites, counts, counts)
+    folder = page[0].parent / "split"
+    folder.mkdir()
+    index = write_pages(folder, h, _labels, {"kl/ci_masked": 0.5}, "split")
+    with opened(index) as driver:
+        assert console_errors(driver) == []
+        assert not driver.find_element(By.ID, "controls").is_displayed()
+        link = driver.find_element(By.LINK_TEXT, "layers.1.mlp.down")
+        link.click()
+        WebDriverWait(driver, 10).until(lambda d: d.current_url.endswith("layers.1.mlp.down.html"))
+        assert driver.find_element(By.ID, "count").text == "150 of 150 alive subcomponents"
+        assert (
+            driver.find_element(By.LINK_TEXT, "all sites").get_attribute("href")
+            == index.resolve().as_uri()
+        )
         assert console_errors(driver) == []

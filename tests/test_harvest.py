@@ -14,10 +14,10 @@ import pytest
 from scipy import stats
 from test_lm_recipe import TINY_LM, token_file
 
+from pd.train import dashboard, load_config, run
 from pd.train import harvest as harvest_module
-from pd.train import load_config, run
 from pd.train.ablation import ablation_effects
-from pd.train.dashboard import page_data, partners, pmi_rows, write_page
+from pd.train.dashboard import page_data, partners, pmi_rows, write_page, write_pages
 from pd.train.decomposition import Decomposition
 from pd.train.harvest import (
     PAD,
@@ -180,7 +180,8 @@ def test_output_tokens_read_a_residual_writers_direction_through_the_unembedding
     lm: tuple[Decomposition, Harvest],
 ) -> None:
     d, h = lm
-    extras, tokens = output_tokens(d, h, top=3)
+    extras = output_tokens(d, h, top=3)
+    tokens = set(map(int, cast(dict[str, str], page_data(h, None, {}, "", extras)["tokens"])))
     assert set(extras) == {s for s in h.sites if s.endswith(".mlp.down")}  # q writes no stream
     p = d.frozen["~"]
     for site, fields in extras.items():
@@ -247,6 +248,32 @@ def test_the_page_is_written_in_parts_as_one_json(
     assert (tmp_path / "page.html").read_text() == template.replace("/*DATA*/", payload)
 
 
+def test_a_harvest_of_many_cards_gets_a_page_per_site(
+    lm: tuple[Decomposition, Harvest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over `PAGE_CARDS` alive subcomponents, `components.html` lists the sites, each linking
+    to a page that holds the cards the one page would hold for it."""
+    d, h = lm
+    extras = output_tokens(d, h, top=3)
+    whole = page_data(h, None, {}, "t", extras)
+    monkeypatch.setattr(dashboard, "PAGE_CARDS", 1)
+    index = write_pages(tmp_path, h, None, {}, "t", extras)
+
+    def embedded(path: Path) -> dict[str, object]:
+        text = path.read_text()
+        start = text.index('id="data">') + len('id="data">')
+        found: dict[str, object] = json.loads(text[start : text.index("</script>", start)])
+        return found
+
+    listed = cast(list[dict[str, str]], embedded(index)["sites"])
+    assert embedded(index)["cards"] == [] and [s["name"] for s in listed] == list(h.sites)
+    cards = cast(list[dict[str, object]], whole["cards"])
+    for site in listed:
+        page = embedded(tmp_path / site["page"])
+        assert page["cards"] == [c for c in cards if c["s"] == site["name"]]
+        assert page["index"] == "../components.html"
+
+
 def test_a_skip_as_long_as_the_window_is_refused(lm: tuple[Decomposition, Harvest]) -> None:
     d, _ = lm
     with pytest.raises(ValueError, match=r"skip_first is 8, expected .* fewer than the 8"):
@@ -260,7 +287,8 @@ def test_ablation_effects_are_the_mean_logit_change_of_exact_ablations(
     tokens are the largest rises and falls of the mean over its first two sampled firings of
     `Decomposition.ablate(...) - clean` at the firing's position."""
     d, h = lm
-    extras, tokens = ablation_effects(d, h, n=2, top=3, bar=False)
+    extras = ablation_effects(d, h, n=2, top=3, bar=False)
+    tokens = set(map(int, cast(dict[str, str], page_data(h, None, {}, "", extras)["tokens"])))
     assert set(extras) == {s for s in h.sites if s.endswith(".attn.q")}
     windows = np.concatenate([np.asarray(x) for x in read_batches(d, CFG.max_tokens, CFG.rows)])
     T = h.seq_len

@@ -85,21 +85,20 @@ def _firings(h: Harvest, site: str, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def ablation_effects(
     d: Decomposition, h: Harvest, n: int = 4, top: int = 10, bar: bool = True
-) -> tuple[Extras, set[int]]:
+) -> Extras:
     """For each alive subcomponent of a token site that does not write the residual stream
     (`Target.logit_directions` is None), the `top` tokens whose logits rise and fall most, on
     average over `n` of its sampled firings, when its piece is ablated:
-    `{site: {"ablated": [[[token, change], ...], [[token, change], ...]], ...}}`, and those
-    tokens. Nothing for a target without tokens."""
+    `{site: {"ablated": [[[token, change], ...], [[token, change], ...]], ...}}`; nothing for
+    a target without tokens."""
     if h.token_counts is None or n < 1:
-        return {}, set()
+        return {}
     tokens = np.concatenate(
         [np.asarray(x) for x in read_batches(d, h.config.max_tokens, h.config.rows)]
     )
     T, table = h.seq_len, d.recipe.table
     m = max(1, ROW_POSITIONS // (T * n))  # subcomponents per forward
     extras: Extras = {}
-    found: set[int] = set()
     todo = [s for s in h.sites if not _writes_residual(d, s) and h.sites[s].alive.size]
     for site in tqdm(todo, desc="ablate", unit="site", disable=not bar):
         group, slot = table.where(site)
@@ -124,16 +123,14 @@ def ablation_effects(
             (np.concatenate([p[s][0] for p in parts]), np.concatenate([p[s][1] for p in parts]))
             for s in range(len(SIGNS))
         ]
-        extras[site] = {"ablated": token_rows(found_here, found)}
-    return extras, found
+        extras[site] = {"ablated": token_rows(found_here)}
+    return extras
 
 
-def token_rows(found: list[tuple[np.ndarray, np.ndarray]], tokens: set[int]) -> list[object]:
+def token_rows(found: list[tuple[np.ndarray, np.ndarray]]) -> list[object]:
     """`found`, per sign of `SIGNS` the top values of `sign · logits` and their token ids
-    (`[A, top]` each), as the page's rows: per subcomponent, per sign, `[token, logit]` pairs.
-    The tokens shown are added to `tokens`."""
+    (`[A, top]` each), as the page's rows: per subcomponent, per sign, `[token, logit]` pairs."""
     tables = [(ids, sign * vals) for sign, (vals, ids) in zip(SIGNS, found, strict=True)]
-    tokens.update(int(t) for ids, _ in tables for t in ids.reshape(-1))
     n = tables[0][0].shape[0]
     return [
         [[[int(t), round(float(v), 3)] for t, v in zip(i[a], v[a], strict=True)] for i, v in tables]

@@ -3,8 +3,11 @@ embedded, no network), and the per-subcomponent tables it shows (PMI, co-firing 
 
 import json
 import math
+import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -68,6 +71,10 @@ def _picks(p: tuple[np.ndarray, ...], a: int) -> list[list[list[float | int]]]:
 
 # Per site, more fields of its cards: `{field: one value per alive subcomponent}`.
 Extras = dict[str, dict[str, list[object]]]
+# The extras that hold token tables, per subcomponent `[[[token, value], ...] per table]`.
+TOKEN_EXTRAS = ("out", "ablated")
+# More alive subcomponents than this (a page of some 50 MB), and each site gets a page of its own.
+PAGE_CARDS = 5000
 
 
 def _site_cards(
@@ -104,8 +111,9 @@ def _site_cards(
     return cards
 
 
-def _shown_tokens(h: Harvest) -> set[int]:
-    """Every token id the cards can show: in a window or in a token table."""
+def _shown_tokens(h: Harvest, extras: Extras) -> set[int]:
+    """Every token id the cards can show: in a window, in a token table, or in the extras'
+    token tables (`TOKEN_EXTRAS`)."""
     ids: set[int] = set()
     for s in h.sites.values():
         for picks in (s.top, s.sample):
@@ -113,6 +121,10 @@ def _shown_tokens(h: Harvest) -> set[int]:
         for counts in (s.inputs, s.next_tokens):
             if counts is not None:
                 ids.update(np.unique(counts.indices).tolist())
+    for fields in extras.values():
+        for key in TOKEN_EXTRAS:
+            rows = cast(list[list[list[list[float]]]], fields.get(key, []))
+            ids.update(int(pair[0]) for card in rows for part in card for pair in part)
     ids.discard(PAD)
     return ids
 
@@ -123,18 +135,23 @@ def page_data(
     summary: dict[str, float],
     title: str,
     extras: Extras | None = None,
-    more_tokens: set[int] | None = None,
+    pages: dict[str, str] | None = None,
 ) -> dict[str, object]:
     """What the page embeds: the run's summary, one row per site, one card per alive
     subcomponent (with the `extras` fields of its site), and the text of every token the cards
-    show (`more_tokens`: those the extras show)."""
+    show. With `pages` (`{site: relative path}`), the cards are left out and each site's row
+    links to its own page."""
     extras = extras or {}
-    cards = [
-        card
-        for name, s in h.sites.items()
-        for card in _site_cards(name, s, h, extras.get(name, {}))
-    ]
-    ordered = sorted(_shown_tokens(h) | (more_tokens or set()))
+    cards = (
+        [
+            card
+            for name, s in h.sites.items()
+            for card in _site_cards(name, s, h, extras.get(name, {}))
+        ]
+        if pages is None
+        else []
+    )
+    ordered = sorted(_shown_tokens(h, extras)) if pages is None else []
     texts = labels(ordered) if labels is not None and ordered else [str(i) for i in ordered]
     sites = [
         {
@@ -143,6 +160,7 @@ def page_data(
             "alive": int(s.alive.size),
             "l0": summary.get(f"ci_l0/{name}", float(s.count.sum()) / max(h.n_positions, 1)),
         }
+        | ({"page": pages[name]} if pages else {})
         for name, s in h.sites.items()
     ]
     clean = {k: v for k, v in summary.items() if isinstance(v, float) and math.isfinite(v)}
@@ -155,6 +173,33 @@ def page_data(
         "sites": sites,
         "cards": cards,
     }
+
+
+def write_pages(
+    folder: Path,
+    h: Harvest,
+    labels: Labels | None,
+    summary: dict[str, float],
+    title: str,
+    extras: Extras | None = None,
+) -> Path:
+    """`folder/components.html`: every card, where there are at most `PAGE_CARDS`; else the
+    sites, each linking to a page of its own cards, `folder/sites/SITE.html`. Returns the
+    first."""
+    extras = extras or {}
+    index = folder / "components.html"
+    if sum(s.alive.size for s in h.sites.values()) <= PAGE_CARDS:
+        write_page(index, page_data(h, labels, summary, title, extras))
+        return index
+    (folder / "sites").mkdir(exist_ok=True)
+    pages = {name: f"sites/{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.html" for name in h.sites}
+    for name, s in h.sites.items():
+        one = replace(h, sites={name: s})
+        heading = f"{title} · {name}: {s.alive.size} alive"
+        data = page_data(one, labels, summary, heading, {name: extras.get(name, {})})
+        write_page(folder / pages[name], data | {"index": "../components.html"})
+    write_page(index, page_data(h, labels, summary, title, extras, pages))
+    return index
 
 
 def write_page(path: Path, data: dict[str, object]) -> None:

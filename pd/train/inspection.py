@@ -18,7 +18,7 @@ from pd.log import show_pd_logs
 from pd.targets.base import Target
 from pd.train.ablation import SIGNS, ablation_effects, token_rows
 from pd.train.config import ConfigError
-from pd.train.dashboard import Extras, page_data, write_page
+from pd.train.dashboard import Extras, write_pages
 from pd.train.decomposition import Decomposition, load
 from pd.train.folder import RunFolder
 from pd.train.harvest import DEFAULTS, Harvest, HarvestConfig, harvest, save
@@ -61,20 +61,18 @@ def _extreme_logits(
     return jax.jit(extremes)
 
 
-def output_tokens(d: Decomposition, h: Harvest, top: int = 10) -> tuple[Extras, set[int]]:
+def output_tokens(d: Decomposition, h: Harvest, top: int = 10) -> Extras:
     """For each alive subcomponent of a site that writes the residual stream, the `top` tokens
     whose logits its write direction `U_c` raises and lowers most, read out directly through
     the final norm's scale and the unembedding (`Target.logit_directions`):
-    `{site: {"out": [[[token, logit], ...], [[token, logit], ...]], ...}}`, and those tokens."""
+    `{site: {"out": [[[token, logit], ...], [[token, logit], ...]], ...}}`."""
     extras: Extras = {}
-    tokens: set[int] = set()
     for site, s in h.sites.items():
         found = _extreme_logits(d.target, site, top)(d.frozen, d.U[site][s.alive])
-        if found is None:
-            continue
-        arrays = [(np.asarray(vals), np.asarray(ids)) for vals, ids in found]
-        extras[site] = {"out": token_rows(arrays, tokens)}
-    return extras, tokens
+        if found is not None:
+            arrays = [(np.asarray(vals), np.asarray(ids)) for vals, ids in found]
+            extras[site] = {"out": token_rows(arrays)}
+    return extras
 
 
 def inspect_run(
@@ -86,9 +84,8 @@ def inspect_run(
     are measured (`pd.train.ablation`); 0 leaves them out."""
     d = load(run_dir)
     h = harvest(d, cfg, bar)
-    outputs, tokens = output_tokens(d, h)
-    ablated, more = ablation_effects(d, h, ablate, bar=bar)
-    tokens |= more
+    outputs = output_tokens(d, h)
+    ablated = ablation_effects(d, h, ablate, bar=bar)
     probes = probe_answers(d, h)
     name, labels = d.config.name, d.kind.labels
     del d  # the frozen target's weights, not needed from here on
@@ -102,9 +99,8 @@ def inspect_run(
         site: probes.get(site, {}) | outputs.get(site, {}) | ablated.get(site, {})
         for site in h.sites
     }
-    data = page_data(h, labels, summary, title, extras, tokens)
-    write_page(out / "components.html", data)
-    log.info("wrote %s and %s", out / "harvest.npz", out / "components.html")
+    page = write_pages(out, h, labels, summary, title, extras)
+    log.info("wrote %s and %s", out / "harvest.npz", page)
     return h
 
 
