@@ -26,6 +26,7 @@ from test_hf_loader import (
     reference_logits,
 )
 
+from pd.targets import gguf as gguf_module
 from pd.targets.gguf import load_gguf, read_gguf_arch, unpermute_rotary
 from pd.targets.hf import CheckpointError
 from pd.targets.llama import Llama, LlamaArch
@@ -145,6 +146,26 @@ def test_q8_0_tensors_dequantize_and_rows_are_restored(tmp_path: Path) -> None:
         name = f"model.layers.{i}.self_attn.q_proj.weight"
         scrambled[name] = llama_cpp_permute(read_back[name], HEADS)
     assert np.abs(reference_logits(scrambled, cfg, TOKENS) - ref).max() > 1e-2
+
+
+def test_the_architecture_of_an_unchanged_file_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = hf_config(False)
+    path = tmp_path / "m.gguf"
+    write_gguf(path, hf_weights(cfg), False)
+    reads: list[Path] = []
+    real = gguf.GGUFReader
+
+    def counted(p: Path) -> gguf.GGUFReader:
+        reads.append(p)
+        return real(p)
+
+    monkeypatch.setattr(gguf_module, "GGUFReader", counted)
+    first = read_gguf_arch(path)
+    assert read_gguf_arch(str(path)) == first and len(reads) == 1
+    write_gguf(path, hf_weights(cfg), True)  # a changed file (tied head) is read again
+    assert read_gguf_arch(path).tie_embeddings and len(reads) == 2
 
 
 def test_gguf_errors_are_one_sentence(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ that pd's rotate-half RoPE expects.
 Every failure is a `CheckpointError`: one sentence naming the file and the tensor or key.
 """
 
+from functools import lru_cache
 from pathlib import Path
 
 import haiku as hk
@@ -101,8 +102,19 @@ def _arch(reader: GGUFReader, path: Path) -> LlamaArch:
 
 
 def read_gguf_arch(path: str | Path) -> LlamaArch:
-    """The architecture in a GGUF file's metadata (no tensor is read)."""
-    return _arch(_reader(Path(path)), Path(path))
+    """The architecture in a GGUF file's metadata (no tensor is read). Parsing the metadata
+    takes seconds, so an unchanged file read before is not read again."""
+    path = Path(path)
+    stat = path.stat() if path.is_file() else None
+    return _arch_of(path, None if stat is None else (stat.st_mtime_ns, stat.st_size))
+
+
+@lru_cache(maxsize=8)
+def _arch_of(path: Path, stamp: tuple[int, int] | None) -> LlamaArch:
+    """`read_gguf_arch` of `path` as it was at `stamp` (its modification time and size, part
+    of the cache key so that a changed file is read again); errors are not kept."""
+    del stamp
+    return _arch(_reader(path), path)
 
 
 def unpermute_rotary(w: npt.NDArray[np.float32], n_heads: int) -> npt.NDArray[np.float32]:

@@ -4,7 +4,7 @@ embedded, no network), and the per-subcomponent tables it shows (PMI, co-firing 
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -203,13 +203,27 @@ def write_pages(
 
 
 def write_page(path: Path, data: dict[str, object]) -> None:
-    """`components.html` at `path`, with `data` embedded (written in parts)."""
+    """`components.html` at `path`, with `data` embedded as JSON: the same text as one
+    `json.dumps(data, separators=(",", ":"))`, but written a value at a time, and each list
+    (the cards) an item at a time, so the whole text is never held (each piece by json's C
+    encoder)."""
     template = (Path(__file__).parent / "dashboard.html").read_text()
     before, after = template.split("/*DATA*/")
-    # A string is one chunk of the encoder's, so "</" (which only a string can hold) is never
-    # split between two.
-    chunks = json.JSONEncoder(separators=(",", ":"), allow_nan=False).iterencode(data)
+    encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+    def pieces() -> Iterator[str]:
+        for i, (key, value) in enumerate(data.items()):
+            yield ("{" if i == 0 else ",") + encode(key) + ":"
+            if isinstance(value, list):
+                yield "[" + ",".join(encode(item) for item in value[:1])
+                yield from ("," + encode(item) for item in value[1:])
+                yield "]"
+            else:
+                yield encode(value)
+        yield "}" if data else "{}"
+
     with path.open("w") as f:
         f.write(before)
-        f.writelines(chunk.replace("</", "<\\/") for chunk in chunks)
+        # "</" can only be inside a string, and every string is inside one piece
+        f.writelines(piece.replace("</", "<\\/") for piece in pieces())
         f.write(after)
