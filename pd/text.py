@@ -14,7 +14,6 @@ import math
 import sys
 from pathlib import Path
 
-import gguf
 import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -24,7 +23,9 @@ from pd.data import DataError
 
 def gguf_tokenizer(path: str | Path) -> tuple[Tokenizer, int]:
     """The byte-level BPE tokenizer stored in a GGUF file, and its end-of-sequence id."""
-    fields = gguf.GGUFReader(path).fields
+    from pd.targets.gguf import gguf_reader  # the model's stack, only where a GGUF file is read
+
+    fields = gguf_reader(path).fields
 
     def field(key: str) -> object:
         if key not in fields:

@@ -49,9 +49,22 @@ def is_gguf(path: str | Path) -> bool:
     return str(path).endswith(".gguf")
 
 
-def _reader(path: Path) -> GGUFReader:
+def gguf_reader(path: str | Path) -> GGUFReader:
+    """The `gguf` package's reader of a GGUF file, or one sentence where there is none. Parsing
+    the metadata takes seconds, so an unchanged file is parsed once (the reader maps the file;
+    it does not hold it in memory)."""
+    path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"GGUF file {path} does not exist, expected a .gguf model file")
+    stat = path.stat()
+    return _parsed(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=2)
+def _parsed(path: Path, mtime_ns: int, size: int) -> GGUFReader:
+    """`path` parsed as it was at its modification time and size (the cache key: a changed file
+    is parsed again); errors are not kept."""
+    del mtime_ns, size
     try:
         return GGUFReader(path)
     except (ValueError, IndexError, KeyError, OSError) as e:
@@ -102,19 +115,8 @@ def _arch(reader: GGUFReader, path: Path) -> LlamaArch:
 
 
 def read_gguf_arch(path: str | Path) -> LlamaArch:
-    """The architecture in a GGUF file's metadata (no tensor is read). Parsing the metadata
-    takes seconds, so an unchanged file read before is not read again."""
-    path = Path(path)
-    stat = path.stat() if path.is_file() else None
-    return _arch_of(path, None if stat is None else (stat.st_mtime_ns, stat.st_size))
-
-
-@lru_cache(maxsize=8)
-def _arch_of(path: Path, stamp: tuple[int, int] | None) -> LlamaArch:
-    """`read_gguf_arch` of `path` as it was at `stamp` (its modification time and size, part
-    of the cache key so that a changed file is read again); errors are not kept."""
-    del stamp
-    return _arch(_reader(path), path)
+    """The architecture in a GGUF file's metadata (no tensor is read)."""
+    return _arch(gguf_reader(path), Path(path))
 
 
 def unpermute_rotary(w: npt.NDArray[np.float32], n_heads: int) -> npt.NDArray[np.float32]:
@@ -133,7 +135,7 @@ def load_gguf(path: str | Path, dtype: str = "float32") -> tuple[LlamaArch, hk.P
     if dtype not in _DTYPES:
         raise ValueError(f"load_gguf dtype is {dtype!r}, expected 'float32' or 'bfloat16'")
     path = Path(path)
-    reader = _reader(path)
+    reader = gguf_reader(path)
     arch = _arch(reader, path)
     tensors = {t.name: t for t in reader.tensors}
     L = arch.n_layers
