@@ -1,12 +1,12 @@
 """Site specifications and the static table that maps sites onto stacked storage."""
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Shaped
+from jaxtyping import Array, Bool, Shaped
 
 K = TypeVar("K", bound=Hashable)
 # Storage on the device or, fetched once (`jax.device_get`), on the host: slicing host arrays
@@ -216,6 +216,14 @@ class SiteTable:
         """One kind's sites of per-group stacked storage, in layer order (present layers only)."""
         lay = self._layouts[kind]
         return take(stacked[lay.group], tuple(lay.slots[i] for i in self.present_layers(kind)))
+
+    def live(self, names: Collection[str]) -> dict[str, Bool[Array, " n_layers"]]:
+        """Per kind and layer, whether the site there is one of `names` (`layer_sites`'
+        `live`)."""
+        return {
+            kind: jnp.asarray([i >= 0 and self.sites[i].name in names for i in lay.indices])
+            for kind, lay in self._layouts.items()
+        }
 
     def spec(self, name: str) -> SiteSpec:
         return self.sites[self.index(name)]

@@ -43,11 +43,7 @@ def make_effects(recipe: Recipe, group: int, n: int, top: int) -> EffectFn:
     weighted mean over each subcomponent's rows of the logit change at `position`, reduced to
     its `top` largest rises and falls."""
     table = recipe.table
-    names = table.groups[group].names
-    live = {
-        kind: jnp.asarray([i >= 0 and table.sites[i].name in names for i in lay.indices])
-        for kind, lay in ((k, table.layout(k)) for k in table.kinds)
-    }
+    live = table.live(table.groups[group].names)
 
     def effects(
         frozen: hk.Params,

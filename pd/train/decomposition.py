@@ -230,12 +230,8 @@ class Decomposition:
             jnp.stack([masks.get(n, jnp.zeros((*shape, grp.C))) for n in grp.names])
             for grp in table.groups
         )
-        live = {
-            kind: jnp.asarray([i >= 0 and table.sites[i].name in masks for i in lay.indices])
-            for kind, lay in ((k, table.layout(k)) for k in table.kinds)
-        }
         comps = self.components
-        sites = layer_sites(table, comps.V, comps.U, lower, live=live)
+        sites = layer_sites(table, comps.V, comps.U, lower, live=table.live(masks.keys()))
         hook = decomposed_hook(Constant(0.0, delta))
         return self.target.forward(self.frozen, x, Sites(hook, sites))
 
