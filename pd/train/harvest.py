@@ -233,14 +233,20 @@ def read_batches(d: Decomposition, max_tokens: int, rows: int = 0) -> list[Batch
 def _token_counts(
     fires: Bool[np.ndarray, "N A"], tokens: Int[np.ndarray, "B T"], vocab: int
 ) -> tuple[sp.csr_matrix, sp.csr_matrix]:
-    """`[A, vocab]` counts of the input token, and of the next one, at each firing."""
+    """`[A, vocab]` counts of the input token, and of the next one, at each firing: counted
+    densely over the batch's own tokens (a few thousand columns, where a firing per entry of a
+    sparse matrix would be sorted), then stored sparse over the vocabulary."""
     n, a = np.nonzero(fires)
-    flat, T, shape = tokens.reshape(-1), tokens.shape[1], (fires.shape[1], vocab)
+    T, A = tokens.shape[1], fires.shape[1]
+    ids, column = np.unique(tokens.reshape(-1), return_inverse=True)
     has_next = n % T < T - 1
-    ones = np.ones(n.size, np.int64)
-    inputs = sp.csr_matrix((ones, (a, flat[n])), shape=shape)
-    after = sp.csr_matrix((ones[has_next], (a[has_next], flat[n[has_next] + 1])), shape=shape)
-    return inputs, after
+
+    def counts(rows: np.ndarray, columns: np.ndarray) -> sp.csr_matrix:
+        dense = np.bincount(rows * ids.size + columns, minlength=A * ids.size)
+        found = sp.csr_matrix(dense.reshape(A, ids.size).astype(np.int32))
+        return sp.csr_matrix((found.data, ids[found.indices], found.indptr), shape=(A, vocab))
+
+    return counts(a, column[n]), counts(a[has_next], column[n[has_next] + 1])
 
 
 def _finished(
@@ -292,7 +298,9 @@ def _add_batch(
     """A batch's CI into each site's accumulators, in place: `carries`, and for tokens
     (`vocab` > 0) `counts`. Each site's CI is dropped from `ci` once it is added."""
     for sub, (site, idx) in zip(keys, alive.items(), strict=True):
-        c = _as_bt(ci.pop(site))[..., idx]
+        c = _as_bt(ci.pop(site))
+        if idx.size < c.shape[-1]:  # a two-pass harvest's alive ones (a copy: an XLA gather)
+            c = c[..., idx]
         carries[site], fires = site_step(carries[site], c, inputs, sub, offset, cfg)
         if vocab:
             add = _token_counts(np.asarray(fires), inputs, vocab)
@@ -344,8 +352,9 @@ def harvest(d: Decomposition, cfg: HarvestConfig = DEFAULTS, bar: bool = True) -
             totals += np.bincount(inputs[:, skip:].reshape(-1), minlength=vocab)
             next_totals += np.bincount(inputs[:, skip + 1 :].reshape(-1), minlength=vocab)
         offset += inputs.size
+    spec = d.recipe.table.spec
     sites = {
-        site: _alive_only(_finished(int(d.V[site].shape[-1]), idx, carries[site], counts.get(site)))
+        site: _alive_only(_finished(spec(site).C, idx, carries[site], counts.get(site)))
         for site, idx in alive.items()
     }
     read = offset // T * (T - skip)  # the positions counted
@@ -360,7 +369,7 @@ def _alive_candidates(
     """Per site, the subcomponents the harvest keeps: every one, where no site has more than
     `ONE_PASS_C` (the silent ones are dropped at the end), else those that fire somewhere in a
     first pass over `batches`."""
-    sizes = {site: int(d.V[site].shape[-1]) for site in d.sites}
+    sizes = {site: d.recipe.table.spec(site).C for site in d.sites}
     if max(sizes.values()) <= ONE_PASS_C:
         return {site: np.arange(C) for site, C in sizes.items()}
     fired = {site: np.zeros(C, bool) for site, C in sizes.items()}
