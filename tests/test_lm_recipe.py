@@ -424,8 +424,11 @@ def test_the_layer_scan_adding_into_the_running_gradient_takes_the_same_steps(
     """With `remat = "full"` each masked pass's backward adds into the running gradient in place
     (`pd.loops.scan_adding`): two steps (every pass kind: the chunk plan, the adversarial term
     with a warmup ascent) equal those of the plain backward (`remat = "none"`), with a model
-    decomposed in every layer and in some, where layers without sites lie inside the scan."""
-    common = [*layers, "loss.adversary.coeff=0.5", "loss.adversary.n_warmup=1"]
+    decomposed in every layer and in some, where layers without sites lie inside the scan. Two
+    kinds, one in attention and one in the MLP, in two groups: a third of the compiles of all
+    seven."""
+    kinds = 'target.kinds=["q","down"]'
+    common = [*layers, kinds, "loss.adversary.coeff=0.5", "loss.adversary.n_warmup=1"]
     states = []
     for remat in ("none", "full"):
         _, recipe, frozen, state, x, run_key = _state_and_batch([*common, f"target.remat={remat}"])
