@@ -1,6 +1,6 @@
 """Site specifications and the static table that maps sites onto stacked storage."""
 
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -265,7 +265,8 @@ class SiteTable:
     def views(
         self, stacked: tuple[Shaped[HostOrDevice, "_n ..."], ...]
     ) -> dict[str, Shaped[HostOrDevice, "..."]]:
-        """`{site: array}` view of per-group stacked storage (canonical order)."""
+        """`{site: array}` view of per-group stacked storage (canonical order): every site
+        sliced now, a pytree for jitted code (`SiteViews` slices a site when it is read)."""
         return {n: self.view(stacked, n) for n in self.names}
 
     def gather_groups(
@@ -291,3 +292,24 @@ class SiteTable:
     ) -> tuple[Shaped[Array, "_n ..."], ...]:
         """Per-group storage from per-kind arrays stacked over the layers (`by_kind`'s inverse)."""
         return self.gather_groups(per_kind, {s.name: (s.kind, s.layer) for s in self.sites})
+
+
+class SiteViews(Mapping[str, Array]):
+    """`{site: array}` over per-group stacked storage, a site's slice taken when it is read: a
+    `SiteTable.views` dict slices (copies) every site to read one."""
+
+    def __init__(self, table: SiteTable, stacked: tuple[Array, ...]) -> None:
+        self._table, self._stacked = table, stacked
+
+    def __getitem__(self, name: str) -> Array:
+        view: Array = self._table.view(self._stacked, name)
+        return view
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._table.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table.names)
+
+    def __len__(self) -> int:
+        return len(self._table.names)

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import pytest
 
-from pd.sites import SiteSpec, SiteTable
+from pd.sites import SiteSpec, SiteTable, SiteViews
 
 
 def test_shape_groups_are_per_kind_and_views() -> None:
@@ -25,6 +25,13 @@ def test_shape_groups_are_per_kind_and_views() -> None:
     assert list(views) == ["l0.in", "l0.gate", "l0.out", "l1.in"]
     assert bool(jnp.all(views["l1.in"] == stacked[0][1]))
     assert table.by_kind(stacked, "in") is stacked[0]  # a kind's layer stack is its group
+    # The lazy mapping (`Decomposition.V`) holds the same views, sliced one at a time.
+    lazy = SiteViews(table, stacked)
+    assert list(lazy) == list(views) and len(lazy) == 4
+    assert all(bool(jnp.all(lazy[n] == v)) for n, v in views.items())
+    assert "l0.out" in lazy and "l2.in" not in lazy
+    with pytest.raises(KeyError, match=r"unknown site 'l2\.in'"):
+        lazy["l2.in"]
 
 
 def test_bad_sites_are_refused() -> None:

@@ -4,7 +4,7 @@ run folder (`load`, exported as `pd.load`)."""
 import json
 import shlex
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
 from pathlib import Path
@@ -19,7 +19,7 @@ from jaxtyping import Array, Bool, Float, Shaped, jaxtyped
 from pd.ci import GroupParams
 from pd.decompose import FROZEN, Constant, Sites, decomposed_hook, layer_sites
 from pd.init import init_vu, key_tree
-from pd.sites import SiteTable
+from pd.sites import SiteViews
 from pd.state import Components
 from pd.targets.base import Batch, Output, Target
 from pd.train import arrays
@@ -44,24 +44,6 @@ def _require(ok: bool, message: str, error: type[Exception] = ValueError) -> Non
     value and what was expected."""
     if not ok:
         raise error(message)
-
-
-class SiteViews(Mapping[str, Array]):
-    """`{site: array}` over per-group stacked storage, each site's slice taken when it is read
-    (a dict of every site's slice would copy all of them at each read of one)."""
-
-    def __init__(self, table: SiteTable, stacked: tuple[Array, ...]) -> None:
-        self._table, self._stacked = table, stacked
-
-    def __getitem__(self, name: str) -> Array:
-        view: Array = self._table.view(self._stacked, name)
-        return view
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table.names)
-
-    def __len__(self) -> int:
-        return len(self._table.names)
 
 
 @dataclass(frozen=True)
