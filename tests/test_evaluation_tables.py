@@ -9,7 +9,7 @@ from test_lm_recipe import _frozen, _lm
 from pd.sites import SiteSpec, SiteTable
 from pd.train.evaluate_masks import make_pgd_eval
 from pd.train.init_state import init_train_state
-from pd.train.report import MASKS, evaluation_markdown, per_layer
+from pd.train.report import MASKS, evaluation_markdown, per_layer, robustness
 
 
 def _table() -> SiteTable:
@@ -65,6 +65,20 @@ def test_evaluation_markdown_has_a_row_per_mask_and_per_layer() -> None:
     assert [r.split("|")[1].strip() for r in rows[-2:]] == ["0", "1"]
     # A toy's summary (no per-layer counts) has no tables.
     assert evaluation_markdown({"mse/ci_masked": 0.1}) == ""
+
+
+def test_evaluation_says_when_an_adversary_breaks_the_model_more_than_zero_masks() -> None:
+    table = _table()
+    summary = _summary(table) | per_layer(_summary(table), table)
+    summary |= {"kl/zero_masked": 100.0, "kl/adversarial": 16.0, "kl/pgd_20": 97.0}
+    assert robustness(summary) == ""
+    assert "Not robust" not in evaluation_markdown(summary)
+    summary |= {"kl/pgd_80": 178.0}
+    note = robustness(summary)
+    assert "`pgd_80`" in note and "KL 178" in note and "(100)" in note
+    assert note in evaluation_markdown(summary)
+    # A toy's summary, or one without the zero masks, says nothing.
+    assert robustness({"mse/adversarial": 2.0}) == ""
 
 
 def test_the_fresh_adversary_ascends_the_divergence() -> None:

@@ -1,6 +1,7 @@
 """The evaluation as a reader wants it at any number of sites: the per-layer counts of a summary
 (C, alive, CI-L0 and CI-L0 per alive subcomponent, summed over the layer's sites), and the
-summary as two Markdown tables, one row per mask kind and one per layer (`evaluation.md`)."""
+summary as two Markdown tables, one row per mask kind and one per layer (`evaluation.md`), with a
+line when an adversary breaks the model more than switching every subcomponent off."""
 
 from pd.sites import SiteTable
 
@@ -82,6 +83,25 @@ def mask_table(summary: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def robustness(summary: dict[str, float]) -> str:
+    """A sentence when an adversary's masks (each between CI and 1) diverge more than every
+    subcomponent off: the masks CI allows are then not robust. Empty otherwise."""
+    div = divergence_of(summary)
+    zero = summary.get(f"{div}/zero_masked")
+    adversaries = {
+        k.removeprefix(f"{div}/"): v
+        for k, v in summary.items()
+        if k == f"{div}/adversarial" or k.startswith(f"{div}/pgd_")
+    }
+    if zero is None or not adversaries or max(adversaries.values()) <= zero:
+        return ""
+    worst = max(adversaries, key=adversaries.__getitem__)
+    return (
+        f"Not robust: the `{worst}` masks, each between CI and 1, give {div.upper()} "
+        f"{adversaries[worst]:.4g}, more than every subcomponent off ({zero:.4g})."
+    )
+
+
 def layer_table(summary: dict[str, float]) -> str:
     """One row per layer: C, alive, CI-L0 and CI-L0 / alive (`per_layer`'s keys)."""
     lines = ["| layer | C | alive | CI-L0 | CI-L0 / alive |", "|---|---|---|---|---|"]
@@ -98,6 +118,8 @@ def evaluation_markdown(summary: dict[str, float]) -> str:
     if LAYERS_KEY not in summary:
         return ""
     parts = ["# Evaluation", "", "## Masks", "", mask_table(summary)]
+    if note := robustness(summary):
+        parts += ["", note]
     parts += ["", "## Layers", "", layer_table(summary)]
     return "\n".join(parts) + "\n"
 
