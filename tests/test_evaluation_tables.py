@@ -77,8 +77,9 @@ def test_evaluation_says_when_an_adversary_breaks_the_model_more_than_zero_masks
     note = robustness(summary)
     assert "`pgd_80`" in note and "KL 178" in note and "(100)" in note
     assert note in evaluation_markdown(summary)
-    # A toy's summary, or one without the zero masks, says nothing.
+    # Without the zero masks or without an adversary, it says nothing.
     assert robustness({"mse/adversarial": 2.0}) == ""
+    assert robustness({"kl/zero_masked": 1.0}) == ""
 
 
 def test_the_fresh_adversary_ascends_the_divergence() -> None:

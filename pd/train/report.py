@@ -67,9 +67,7 @@ def divergence_of(summary: dict[str, float]) -> str:
 def mask_table(summary: dict[str, float]) -> str:
     """One row per mask kind the summary has: its CE (for language models) and divergence."""
     div = divergence_of(summary)
-    pgd = sorted(
-        (int(k.removeprefix(f"{div}/pgd_")) for k in summary if k.startswith(f"{div}/pgd_")),
-    )
+    pgd = _pgd_steps(summary, div)
     kinds = [m for m in MASKS if f"{div}/{m}" in summary or f"ce/{m}" in summary]
     kinds += [f"pgd_{n}" for n in pgd]
     words = MASK_WORDS | {f"pgd_{n}": f"a fresh adversary, {n} ascent steps" for n in pgd}
@@ -88,17 +86,14 @@ def robustness(summary: dict[str, float]) -> str:
     subcomponent off: the masks CI allows are then not robust. Empty otherwise."""
     div = divergence_of(summary)
     zero = summary.get(f"{div}/zero_masked")
-    adversaries = {
-        k.removeprefix(f"{div}/"): v
-        for k, v in summary.items()
-        if k == f"{div}/adversarial" or k.startswith(f"{div}/pgd_")
-    }
-    if zero is None or not adversaries or max(adversaries.values()) <= zero:
+    kinds = ["adversarial", *(f"pgd_{n}" for n in _pgd_steps(summary, div))]
+    found = [(summary[f"{div}/{m}"], m) for m in kinds if f"{div}/{m}" in summary]
+    worst = max(found, default=(float("-inf"), ""))
+    if zero is None or worst[0] <= zero:
         return ""
-    worst = max(adversaries, key=adversaries.__getitem__)
     return (
-        f"Not robust: the `{worst}` masks, each between CI and 1, give {div.upper()} "
-        f"{adversaries[worst]:.4g}, more than every subcomponent off ({zero:.4g})."
+        f"Not robust: the `{worst[1]}` masks, each between CI and 1, give {div.upper()} "
+        f"{worst[0]:.4g}, more than every subcomponent off ({zero:.4g})."
     )
 
 
@@ -122,6 +117,12 @@ def evaluation_markdown(summary: dict[str, float]) -> str:
         parts += ["", note]
     parts += ["", "## Layers", "", layer_table(summary)]
     return "\n".join(parts) + "\n"
+
+
+def _pgd_steps(summary: dict[str, float], div: str) -> list[int]:
+    """The fresh adversary's step counts the summary has (`{div}/pgd_{n}`), in order."""
+    prefix = f"{div}/pgd_"
+    return sorted(int(k.removeprefix(prefix)) for k in summary if k.startswith(prefix))
 
 
 def _cell(value: float | None) -> str:
