@@ -31,6 +31,7 @@ from types import SimpleNamespace
 import pytest
 from test_cli_errors import _fails
 
+import pd
 from pd.state import TrainState
 from pd.train.__main__ import main
 from pd.train.checkpoints import Checkpoints
@@ -74,9 +75,13 @@ def _train(out: Path, capfd: pytest.CaptureFixture[str], *flags: str) -> tuple[i
     return code, capfd.readouterr().err
 
 
+# pd's package folder: a checkout named `pd` also holds the virtual environment's site-packages.
+_PD_FILES = re.compile(rf'\s*File "{re.escape(str(Path(pd.__file__).parent))}/')
+
+
 def _pd_frames(err: str) -> list[str]:
     """The traceback lines of stderr that are in pd's own code."""
-    return [line for line in err.splitlines() if re.match(r'\s*File ".*/pd/', line)]
+    return [line for line in err.splitlines() if _PD_FILES.match(line)]
 
 
 def _errors(err: str) -> list[str]:
