@@ -4,6 +4,7 @@ progress bar, and one log line per logged step when no bar is shown."""
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from pd.train.folder import RunFolder
 from pd.validate import ConfigError
 
 if TYPE_CHECKING:
+    from tensorboardX.proto.event_pb2 import Event
     from wandb import Run as WandbRun
 
 log = logging.getLogger(__name__)
@@ -79,36 +81,49 @@ def in_notebook() -> bool:
 
 
 class _TensorBoard:
-    """An event file of tensorboardX's in `logdir`, one event per row.
+    """An event file in `logdir` that TensorBoard reads, one event per row, written in the
+    caller's thread.
 
-    One `Summary` holds the row's scalars, one value per key, because each event costs a put
-    on tensorboardX's multiprocessing queue (~80 µs): `SummaryWriter.add_scalar` per key would
-    make a row of a few hundred keys cost tens of milliseconds.
+    tensorboardX's `FileWriter` writes from a thread of its own, where a failed write (a full
+    disk) is a traceback printed by a thread that then dies; here it is raised to the run,
+    which says what happened in one sentence. One `Summary` holds a row's scalars, one value
+    per key. The file is flushed to disk (an fsync) at most every `FLUSH_S` seconds, and when
+    closed.
     """
 
-    def __init__(self, logdir: Path, start_step: int) -> None:
-        from tensorboardX import FileWriter  # ~0.2 s import, only when asked for
-        from tensorboardX.proto.event_pb2 import Event, SessionLog
-        from tensorboardX.proto.summary_pb2 import Summary
+    FLUSH_S = 10.0
 
-        self._summary, self._value = Summary, Summary.Value
-        # The suffix keeps two writers started within one second (a quick resume) apart.
-        self._writer = FileWriter(
-            str(logdir), flush_secs=10, filename_suffix=f".from-{start_step:010d}"
-        )
+    def __init__(self, logdir: Path, start_step: int) -> None:
+        from tensorboardX.proto.event_pb2 import Event, SessionLog  # ~0.2 s, only when asked for
+        from tensorboardX.proto.summary_pb2 import Summary
+        from tensorboardX.record_writer import RecordWriter
+
+        self._event, self._summary, self._value = Event, Summary, Summary.Value
+        logdir.mkdir(parents=True, exist_ok=True)
+        # tensorboardX's name; the suffix keeps two writers started within one second (a quick
+        # resume) apart.
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        self._records = RecordWriter(str(logdir / f"{name}.from-{start_step:010d}"))
+        self._flushed = time.monotonic()
         # TensorBoard hides earlier files' events from this step on: a resumed run's repeats.
-        self._writer.add_event(Event(step=start_step, file_version="brain.Event:2"))
-        start = SessionLog(status=SessionLog.START)
-        self._writer.add_event(Event(step=start_step, session_log=start))
+        self._put(Event(step=start_step, file_version="brain.Event:2"))
+        self._put(Event(step=start_step, session_log=SessionLog(status=SessionLog.START)))
+
+    def _put(self, event: "Event") -> None:
+        event.wall_time = time.time()
+        self._records.write(event.SerializeToString())
+        if time.monotonic() - self._flushed >= self.FLUSH_S:
+            self._records.flush()
+            self._flushed = time.monotonic()
 
     def write(self, step: int, row: Mapping[str, float]) -> None:
-        """Queue one event holding every key of `row` as a scalar at `step`."""
+        """Write one event holding every key of `row` as a scalar at `step`."""
         values = [self._value(tag=key, simple_value=value) for key, value in row.items()]
-        self._writer.add_summary(self._summary(value=values), step)
+        self._put(self._event(step=step, summary=self._summary(value=values)))
 
     def close(self) -> None:
-        """Write what is queued and close the file."""
-        self._writer.close()
+        """Write what is buffered and close the file (closed even when that write fails)."""
+        self._records.close()
 
 
 def _open_metrics(path: Path, start_step: int) -> tuple[TextIO, float]:
