@@ -9,18 +9,11 @@ python examples/top_k.py runs/smollm2 layers.29.mlp.down 64 144 200 300
 import argparse
 from collections.abc import Sequence
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 import pd
-
-
-def kl(clean: Float[Array, "B T V"], masked: Float[Array, "B T V"]) -> float:
-    """KL(clean ‖ masked) over the vocabulary, the mean over positions (SPEC S25)."""
-    p = jax.nn.log_softmax(clean.astype(jnp.float32), axis=-1)
-    q = jax.nn.log_softmax(masked.astype(jnp.float32), axis=-1)
-    return float(jnp.mean(jnp.sum(jnp.exp(p) * (p - q), axis=-1)))
+from pd.losses import kl
 
 
 def top_k(ci: Float[Array, "B T C"], k: int) -> Float[Array, "B T C"]:
@@ -33,11 +26,12 @@ def top_k(ci: Float[Array, "B T C"], k: int) -> Float[Array, "B T C"]:
 def cut_kl(
     decomposition: pd.Decomposition, x: Int[Array, "B T"], site: str, ks: Sequence[int]
 ) -> dict[int, float]:
-    """Per k in `ks`, KL(clean ‖ CI-masked) with `site` cut to its top k."""
+    """Per k in `ks`, KL(clean ‖ CI-masked) (SPEC S25) with `site` cut to its top k."""
     clean = decomposition.clean(x)
     ci = decomposition.ci(x)
     return {
-        k: kl(clean, decomposition.masked_forward(x, {**ci, site: top_k(ci[site], k)})) for k in ks
+        k: float(kl(decomposition.masked_forward(x, {**ci, site: top_k(ci[site], k)}), clean))
+        for k in ks
     }
 
 
