@@ -2,8 +2,10 @@
 own reader parses, W&B offline runs, one log line per row without a terminal, resumed runs that
 append, and pd's log lines shown once from Python with logging unconfigured."""
 
+import errno
 import json
 import logging
+import os
 import struct
 import subprocess
 import sys
@@ -111,6 +113,35 @@ def test_tensorboard_events_hold_every_key_as_a_scalar_curve(tmp_path: Path) -> 
         expected = [(int(r["step"]), r[key]) for r in rows]
         assert [s for s, _ in curve] == [s for s, _ in expected]
         assert [v for _, v in curve] == pytest.approx([v for _, v in expected], rel=1e-6)
+
+
+def _open_event_files() -> list[str]:
+    fds = Path("/proc/self/fd")
+    targets = [os.readlink(fd) for fd in fds.iterdir() if fd.is_symlink()]
+    return [t for t in targets if "tfevents" in t]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="lists open files from /proc")
+def test_closing_tensorboard_fsyncs_and_closes_even_when_that_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fsynced: list[int] = []
+    monkeypatch.setattr(os, "fsync", fsynced.append)
+    with _sinks(tmp_path, tensorboard=True) as sinks:
+        _train(sinks, 0, 20)
+    assert len(fsynced) == 1  # 20 steps take less than FLUSH_S: the one fsync is the close's
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    (tmp_path / "full").mkdir()
+    sinks = _sinks(tmp_path / "full", tensorboard=True)
+    _train(sinks, 0, 20)
+    assert len(_open_event_files()) == 1
+    with pytest.raises(OSError, match="No space left"):
+        sinks.close()
+    assert _open_event_files() == []
 
 
 def test_a_resumed_run_keeps_earlier_rows_and_appends(tmp_path: Path) -> None:

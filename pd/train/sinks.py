@@ -122,8 +122,12 @@ class _TensorBoard:
         self._put(self._event(step=step, summary=self._summary(value=values)))
 
     def close(self) -> None:
-        """Write what is buffered and close the file (closed even when that write fails)."""
-        self._records.close()
+        """Write what is buffered to disk (an fsync) and close the file, closed even when that
+        write fails."""
+        try:
+            self._records.flush()
+        finally:
+            self._records.close()
 
 
 def _open_metrics(path: Path, start_step: int) -> tuple[TextIO, float]:
