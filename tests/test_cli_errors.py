@@ -390,8 +390,9 @@ def test_a_signal_during_training_saves_a_checkpoint_and_resume_finishes_the_run
     """SIGTERM (a scheduler) or SIGINT (Ctrl-C) in the middle of training: a checkpoint of the
     last finished step, one sentence saying how to resume, exit status 143 / 130, the earlier
     run left as it was; `--resume` then finishes the run and replaces it. The processes share
-    a persistent compilation cache (`compile.cache_dir`), as a resumed job would (both signals'
-    runs: the second reads the step programs the first wrote)."""
+    a persistent compilation cache (`compile.cache_dir`), as a resumed job would: the resumed
+    run reads the step program the stopped one wrote (its restored state is placed as a fresh
+    one is), and compiles no other."""
     old = tmp_path / "run"
     old.mkdir()
     (old / MARKER).write_text("")
@@ -399,7 +400,7 @@ def test_a_signal_during_training_saves_a_checkpoint_and_resume_finishes_the_run
     tiny = ["train.steps=400", "train.batch=64", "train.log_every=5", "eval.figures=false"]
     tiny += ["train.faith_warmup_steps=0", "target.train_steps=1500", "target.train_batch=1024"]
     tiny += ["eval.n_samples=1000", "eval.batch=1000"]
-    tiny += [f'compile.cache_dir="{xla_cache}"']
+    tiny += [f'compile.cache_dir="{xla_cache}"', "compile.min_compile_secs=0"]
     sets = [a for t in tiny for a in ("--set", t)]
     argv = [sys.executable, "-m", "pd.train", "tms_5-2", *sets, "--out", str(old), "--overwrite"]
     with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
@@ -418,6 +419,8 @@ def test_a_signal_during_training_saves_a_checkpoint_and_resume_finishes_the_run
     assert sorted(p.name for p in tmp_path.iterdir()) == [".run.partial", "run"]
     # The printed command, pasted into a shell whose PATH has no virtual environment on it.
     command = last.split("continue it with: ", 1)[1]
+    steps_programs = {p.name for p in xla_cache.iterdir() if "train_steps" in p.name}
+    assert steps_programs  # written by the stopped run
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"PATH": "/usr/bin:/bin"}
     done = subprocess.run(
         ["/bin/sh", "-c", command], capture_output=True, text=True, timeout=600, env=env
@@ -427,7 +430,7 @@ def test_a_signal_during_training_saves_a_checkpoint_and_resume_finishes_the_run
     rows = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [*range(0, 400, 5), 399]
     assert "resumed from the checkpoint of step" in done.stderr
-    assert any(xla_cache.iterdir())  # the step programs, written by the first process
+    assert {p.name for p in xla_cache.iterdir() if "train_steps" in p.name} == steps_programs
 
 
 def test_a_token_file_shorter_than_a_window_is_one_sentence(

@@ -34,10 +34,10 @@ from pd.train import RunResult, load_config, run
 from pd.train.compile_only import compile_only
 from pd.train.config import RunConfig
 from pd.train.evaluate import ci_program
-from pd.train.init_state import init_train_state, state_shardings
+from pd.train.init_state import state_shardings
 from pd.train.kinds import as_toy
 from pd.train.objective import PassInputs, Recipe, adversarial_recon, flat_metrics
-from pd.train.placement import placement_of
+from pd.train.placement import ONE_DEVICE, placement_of
 from pd.train.run import make_batches, make_recipe
 from pd.train.schedule import schedule_value
 from pd.train.step import make_train_step
@@ -121,9 +121,8 @@ def lm_runs(tmp_path_factory: pytest.TempPathFactory) -> LMRuns:
         "loss.adversary.scope=bsc",
     ]
     # The whole run is on 4 devices, as the resumed one, which finds its programs compiled. The
-    # stopped run on 1 device starts from a state made by the initializer, as the tests below
-    # do, and compiles the programs they call (a state restored from a checkpoint is committed
-    # to its device, which would take another compile).
+    # stopped run on 1 device starts from a state made by its placement's initializer, as the
+    # tests below do, and compiles the programs they call.
     four = _lm([*overrides, "mesh.data=4"])[0]
     whole = run(four, folder / "whole")
     with sigterm_at(3):
@@ -219,7 +218,7 @@ def _state_and_batch(
         toy = as_toy(recipe.target)
         frozen = toy.expand(toy.init_train(jax.random.key(7)))
     init_key, src_key, run_key = key_tree(config.seed)
-    state = init_train_state(recipe, init_key, src_key)
+    state = ONE_DEVICE.init(recipe, init_key, src_key)  # placed as a run places it
     x = make_batches(config, recipe, run_key)(0)
     return config, recipe, frozen, state, x, run_key
 

@@ -61,15 +61,12 @@ class Ahead:
         self,
         frozen: hk.Params | PyTree[jax.ShapeDtypeStruct],
         batches: Callable[[int], Batch] | None,
-        restored: bool,
     ) -> None:
         """Begin the compiles for `frozen` (its values, or only their shapes and dtypes where it
-        is not loaded yet: a run that draws its batches needs no `batches`). `restored`: the
-        state will come from a checkpoint."""
+        is not loaded yet: a run that draws its batches needs no `batches`), for the state as
+        the placement makes or restores it."""
         recipe, placement, pool = self.recipe, self.placement, self.pool
         state = placement.abstract_state(recipe)
-        if not restored:
-            state = placement.as_made(state)
         if self.sample is not None:
             steps = make_train_steps(recipe, self.sample)
             n = shape_dtype((), jnp.int32)

@@ -22,7 +22,6 @@ from pd.train.init_state import abstract_state, init_train_state, state_shapes, 
 from pd.train.kinds import Batches, HostBatches, TargetKind
 from pd.train.objective import Recipe
 from pd.train.step import Sampler
-from pd.xla import shape_dtype
 
 
 @dataclass(frozen=True)
@@ -43,14 +42,13 @@ class OneDevice:
         device = SingleDeviceSharding(jax.devices()[0])
         return abstract_state(recipe, jax.tree.map(lambda _: device, state_shapes(recipe)))
 
-    def as_made(self, abstract: TrainState) -> TrainState:
-        """The abstract state as a fresh `init` returns it: jit's output is uncommitted, and a
-        program lowered for leaves placed on the device would not be the one its calls find."""
-        made: TrainState = jax.tree.map(lambda a: shape_dtype(a.shape, a.dtype), abstract)
-        return made
-
     def init(self, recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, ""]) -> TrainState:
-        return init_train_state(recipe, init_key, src_key)
+        """A fresh state, committed to the device as a restored one is (jit's own output is
+        not): a fresh and a resumed run then lower the same programs, so a resumed run finds
+        them in the persistent compilation cache. Committing moves nothing."""
+        state = init_train_state(recipe, init_key, src_key)
+        placed: TrainState = jax.device_put(state, SingleDeviceSharding(jax.devices()[0]))
+        return placed
 
     def batches(self, host: HostBatches) -> Batches:
         return lambda step: jnp.asarray(host(step))
@@ -79,9 +77,6 @@ class OnMesh:
 
     def abstract_state(self, recipe: Recipe) -> TrainState:
         return abstract_state(recipe, self.shardings(recipe))
-
-    def as_made(self, abstract: TrainState) -> TrainState:
-        return abstract  # the initializer's out_shardings are the state's placements
 
     def init(self, recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, ""]) -> TrainState:
         return init_train_state(recipe, init_key, src_key, self.mesh)

@@ -198,7 +198,7 @@ def _start_early(plan: _Plan, ahead: Ahead) -> Future[TrainState] | None:
     fresh = ahead.initialize(plan.init_key, plan.src_key)
     shapes = plan.kind.frozen_shapes(plan.recipe.target)
     if plan.sample is not None and shapes is not None:
-        ahead.start(shapes, None, restored=False)
+        ahead.start(shapes, None)
     return fresh
 
 
@@ -230,7 +230,7 @@ def _train_in(
     keep, intact = config.train.keep_checkpoints, partial(check_intact, folder)
     with Checkpoints(RunFolder(folder).checkpoints, keep, intact) as checkpoints:
         if not ahead.started:  # compiles while the state is restored or made
-            ahead.start(frozen, batches, restored=bool(checkpoint_steps(folder)))
+            ahead.start(frozen, batches)
         state = _initial_state(plan, checkpoints, frozen, fresh)
         ahead.wait()
         stepper = _stepper(plan, frozen, batches)
