@@ -37,9 +37,14 @@ class OneDevice:
         del recipe
         return None
 
+    @property
+    def device(self) -> SingleDeviceSharding:
+        """The default device, where every leaf of the state is placed."""
+        return SingleDeviceSharding(jax.devices()[0])
+
     def abstract_state(self, recipe: Recipe) -> TrainState:
         """The state's shapes and dtypes, each leaf placed on the default device."""
-        device = SingleDeviceSharding(jax.devices()[0])
+        device = self.device
         return abstract_state(recipe, jax.tree.map(lambda _: device, state_shapes(recipe)))
 
     def init(self, recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, ""]) -> TrainState:
@@ -47,7 +52,7 @@ class OneDevice:
         not): a fresh and a resumed run then lower the same programs, so a resumed run finds
         them in the persistent compilation cache. Committing moves nothing."""
         state = init_train_state(recipe, init_key, src_key)
-        placed: TrainState = jax.device_put(state, SingleDeviceSharding(jax.devices()[0]))
+        placed: TrainState = jax.device_put(state, self.device)
         return placed
 
     def batches(self, host: HostBatches) -> Batches:
