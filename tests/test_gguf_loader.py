@@ -148,9 +148,7 @@ def test_q8_0_tensors_dequantize_and_rows_are_restored(tmp_path: Path) -> None:
     assert np.abs(reference_logits(scrambled, cfg, TOKENS) - ref).max() > 1e-2
 
 
-def test_an_unchanged_file_is_parsed_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_unchanged_file_is_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = hf_config(False)
     path = tmp_path / "m.gguf"
     write_gguf(path, hf_weights(cfg), False)
