@@ -52,6 +52,7 @@ test-fast: $(VENV)/.installed
 check: $(VENV)/.installed
 	$(VENV)/bin/mypy
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m mypy.stubtest optax --mypy-config-file mypy.ini --ignore-missing-stub
 	# examples/ as user code, without this repo's mypy.ini: the installed pd and optax-stubs.
 	$(OUTSIDE) $(CURDIR)/$(VENV)/bin/mypy --strict --cache-dir "$$d/.mypy_cache" $(CURDIR)/examples
