@@ -210,7 +210,15 @@ def test_a_disk_too_full_for_the_run_stops_it_leaving_nothing(
     _assert_finished(run_dir)
 
 
-@pytest.mark.parametrize("where", [pytest.param("pd-refuses", marks=QUIET), "orbax-writes"])
+# orbax's failed writers call into asyncio loops that are closed by then: an unraisable error
+# that shows up in some runs and not in others, from orbax's threads, not pd's.
+ORBAX_LOOPS = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+@pytest.mark.parametrize(
+    "where",
+    [pytest.param("pd-refuses", marks=QUIET), pytest.param("orbax-writes", marks=ORBAX_LOOPS)],
+)
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_disk_that_fills_after_the_first_checkpoint_keeps_the_run_for_resume(
     where: str, disk: SmallDisk, capfd: pytest.CaptureFixture[str]
