@@ -45,17 +45,12 @@ def checkpoint_path(cfg: LlamaConfig) -> Path:
     return local_file(cfg.checkpoint, "target.checkpoint")
 
 
-# The config's sizes of a model pd trains; a checkpoint has its own.
-ARCH_KEYS = (
-    "vocab",
-    "d_model",
-    "n_layers",
-    "n_heads",
-    "n_kv_heads",
-    "d_mlp",
-    "rope_base",
-    "rms_eps",
-    "tie_embeddings",
+# The config's sizes of a model pd trains (the architecture's fields it has); a checkpoint has
+# its own.
+ARCH_KEYS = tuple(
+    f.name
+    for f in dataclasses.fields(LlamaArch)
+    if f.name in {g.name for g in dataclasses.fields(LlamaConfig)}
 )
 
 

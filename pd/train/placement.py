@@ -38,13 +38,13 @@ class OneDevice:
         return None
 
     @property
-    def device(self) -> SingleDeviceSharding:
-        """The default device, where every leaf of the state is placed."""
+    def sharding(self) -> SingleDeviceSharding:
+        """The default device's sharding, where every leaf of the state is placed."""
         return SingleDeviceSharding(jax.devices()[0])
 
     def abstract_state(self, recipe: Recipe) -> TrainState:
         """The state's shapes and dtypes, each leaf placed on the default device."""
-        device = self.device
+        device = self.sharding
         return abstract_state(recipe, jax.tree.map(lambda _: device, state_shapes(recipe)))
 
     def init(self, recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, ""]) -> TrainState:
@@ -52,7 +52,7 @@ class OneDevice:
         not): a fresh and a resumed run then lower the same programs, so a resumed run finds
         them in the persistent compilation cache. Committing moves nothing."""
         state = init_train_state(recipe, init_key, src_key)
-        placed: TrainState = jax.device_put(state, self.device)
+        placed: TrainState = jax.device_put(state, self.sharding)
         return placed
 
     def batches(self, host: HostBatches) -> Batches:
