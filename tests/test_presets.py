@@ -1,5 +1,8 @@
 """Every built-in preset loads, validates and builds its sites; the default is `tms_5-2`."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 from pd.train.config import load_config, preset_names
@@ -17,6 +20,12 @@ def test_the_shipped_presets() -> None:
         "tms_5-2",
         "tms_5-2-id",
     ]
+
+
+def test_the_usage_docs_list_every_preset() -> None:
+    usage = (Path(__file__).parents[1] / "docs" / "usage.md").read_text()
+    table = usage.split("## Presets", 1)[1].split("\n\n", 2)[1]
+    assert sorted(re.findall(r"^\| `([^`]+)`", table, re.M)) == preset_names()
 
 
 @pytest.mark.parametrize("preset", preset_names())
