@@ -47,7 +47,7 @@ def checkpoint_path(cfg: LlamaConfig) -> Path:
 
 # The config's sizes of a model pd trains (the architecture's fields it has); a checkpoint has
 # its own.
-ARCH_KEYS = tuple(
+_ARCH_KEYS = tuple(
     f.name
     for f in dataclasses.fields(LlamaArch)
     if f.name in {g.name for g in dataclasses.fields(LlamaConfig)}
@@ -78,7 +78,7 @@ def _check_sizes(cfg: LlamaConfig, arch: LlamaArch) -> None:
     """A size set in the config beside a checkpoint (not left at its default) must be the
     checkpoint's own: the file decides, so another value would be silently ignored."""
     defaults = {f.name: f.default for f in dataclasses.fields(LlamaConfig)}
-    for key in ARCH_KEYS:
+    for key in _ARCH_KEYS:
         value, own = getattr(cfg, key), getattr(arch, key)
         if value != defaults[key] and value != own:
             raise ConfigError(

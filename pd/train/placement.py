@@ -44,8 +44,8 @@ class OneDevice:
 
     def abstract_state(self, recipe: Recipe) -> TrainState:
         """The state's shapes and dtypes, each leaf placed on the default device."""
-        device = self.sharding
-        return abstract_state(recipe, jax.tree.map(lambda _: device, state_shapes(recipe)))
+        sharding = self.sharding
+        return abstract_state(recipe, jax.tree.map(lambda _: sharding, state_shapes(recipe)))
 
     def init(self, recipe: Recipe, init_key: Key[Array, ""], src_key: Key[Array, ""]) -> TrainState:
         """A fresh state, committed to the device as a restored one is (jit's own output is
