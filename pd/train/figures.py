@@ -213,8 +213,9 @@ def layer_bars(summary: dict[str, float], path: Path) -> None:
         values = [summary[f"layer_{family}/{layer}"] for layer in layers]
         top.bar(x + (i - 1) * 0.27, values, width=0.27, label=label)
     top.set_yscale("log")
-    top.legend(fontsize=7)
-    top.set_title("subcomponents per layer (summed over its sites)", fontsize=9)
+    # Above the axes, where no layer's bars are: inside, the legend hid the last layer's.
+    top.legend(fontsize=7, ncol=3, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    top.set_title("subcomponents per layer (summed over its sites)", fontsize=9, loc="left")
     ratio = [100 * summary[f"layer_ci_l0_over_alive/{layer}"] for layer in layers]
     bottom.bar(x, ratio, color="tab:purple")
     bottom.set_ylabel("CI-L0 / alive (%)", fontsize=8)
