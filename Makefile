@@ -29,10 +29,9 @@ run: $(VENV)/.runtime
 # A downstream project's view of pd: commands run in a fresh folder outside the repo.
 OUTSIDE = d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && cd "$$d" &&
 
-# Most of the suite's time is XLA compiles, each on one core: one worker per core (on 2 cores,
-# 25 min in one process, 20 in two on 2026-12-01; 18 since the language-model tests share their
-# programs). Each test file stays on one worker, so a module's fixtures (a run, a sweep) and the
-# programs they compile are made once; they take the files longest first (tests/conftest.py).
+# Most of the suite's time is XLA compiles, each on one core: one worker per core. Each test
+# file stays on one worker, so a module's fixtures (a run, a sweep) and the programs they compile
+# are made once; they take the files longest first (tests/conftest.py).
 TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed

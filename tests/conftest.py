@@ -21,11 +21,10 @@ import pytest
 
 pytest_plugins = ["pd.testing.plugin"]
 
-# The files that took a minute or more with `CI=true` (`--durations=0`, 2026-12-03), longest
-# first. The Makefile's workers take whole files in collection order (`--no-loadscope-reorder`),
-# so these start first and the run ends on short files: xdist's own order (most tests first)
-# left the 64 s convergence test and the 48 s two-process test to the end of one worker, whose
-# files took 1013 s against the other's 934.
+# The files that take a minute or more with `CI=true` (`--durations=0`), longest first. The
+# Makefile's workers take whole files in collection order (`--no-loadscope-reorder`), so these
+# start first and the run ends on short files: xdist's own order (most tests first) can leave a
+# minute-long file to the end of one worker while the other has finished.
 _LONGEST_FIRST = (
     "test_sweep.py",
     "test_whole_model.py",
