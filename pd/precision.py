@@ -50,9 +50,30 @@ def matmul(
         if out_dtype is None:
             return a @ b
         return jnp.matmul(a, b, preferred_element_type=out_dtype)
-    a, b = _operand(a), _operand(b)
+    a, b = _varying_alike(_operand(a), _operand(b))
     out: Float[Array, "*s n"] = _bf16_matmul(a, b, a.dtype, b.dtype)
     return out.astype(jnp.result_type(a, b) if out_dtype is None else out_dtype)
+
+
+def _varying_alike(
+    a: Float[Array, "*s k"], b: Float[Array, "k n"]
+) -> tuple[Float[Array, "*s k"], Float[Array, "k n"]]:
+    """`a` and `b`, each made varying over the manual mesh axes (inside `shard_map`) over which
+    the other varies. A custom VJP must give each operand's cotangent that operand's type, and a
+    shared operand's (a frozen weight's, in a sweep over members) would vary with the other's;
+    cast outside the custom VJP, jax's own transpose of the cast sums it over those axes."""
+    axes = _varying(a) | _varying(b)
+
+    def cast(x: Array) -> Array:
+        missing = tuple(sorted(axes - _varying(x)))
+        return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+    return cast(a), cast(b)
+
+
+def _varying(x: Array) -> frozenset[str]:
+    """The manual mesh axes over which `x` varies (none outside `shard_map`)."""
+    return frozenset(jax.typeof(x).manual_axis_type.varying)
 
 
 def _operand(x: Float[Array, "*s"]) -> Float[Array, "*s"]:

@@ -15,6 +15,7 @@ from pd.ci import PerSiteCI
 from pd.ci.mlp import PerSiteCIKind, site_ci_transform
 from pd.init import init_ci_fn, init_vu, key_tree
 from pd.losses import faithfulness
+from pd.shard import make_mesh
 from pd.state import Components, TrainState
 from pd.train import load_config
 from pd.train.init_state import init_train_state
@@ -30,6 +31,7 @@ from pd.train.step import (
     make_train_step,
     make_train_steps,
 )
+from pd.train.sweep.programs import MEMBERS, SHARED
 
 
 def test_s19_clip_uses_the_plus_1e6_epsilon() -> None:
@@ -250,6 +252,31 @@ def test_bf16_compute_rounds_matmul_operands_and_keeps_float32_state_and_losses(
         np.testing.assert_allclose(float(rows[1][k]), float(rows[0][k]), rtol=5e-2, err_msg=k)
 
 
+def test_bf16_matmul_of_a_shared_weight_differentiates_inside_shard_map() -> None:
+    """A sweep's members vary over a `shard_map` axis while its frozen weights are shared: the
+    bf16 matmul's gradient for the varying operand is each member's own, and for the shared
+    weight the sum over the members (jax's rule for a shared input), as without the mesh."""
+    mesh = make_mesh({"members": 2})
+    a = jax.random.normal(jax.random.key(0), (2, 3, 8))  # two members' activations
+    w = jax.random.normal(jax.random.key(1), (8, 300))  # shared
+
+    def loss(a: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.sin(precision.matmul(a, w)))
+
+    def per_member(a: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+        with precision.compute("bf16"):
+            grads: tuple[jax.Array, jax.Array] = jax.grad(loss, (0, 1))(a, w)
+        return grads
+
+    sharded = jax.shard_map(
+        per_member, mesh=mesh, in_specs=(MEMBERS, SHARED), out_specs=(MEMBERS, SHARED)
+    )
+    ga, gw = jax.jit(sharded)(a, w)
+    want_a, want_w = per_member(a, w)
+    np.testing.assert_allclose(np.asarray(ga), np.asarray(want_a), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(gw), np.asarray(want_w), rtol=1e-5, atol=1e-5)
+
+
 def test_to_bf16_rounds_as_astype_bit_for_bit() -> None:
     """`precision.to_bf16`, the bf16 matmuls' rounding, gives XLA's own `astype(bfloat16)` bits:
     ties to even, subnormals, infinities, overflow to infinity and NaNs with their sign."""
@@ -276,7 +303,6 @@ def test_runs_of_one_recipe_share_their_programs() -> None:
     """`one_per_value`: equal recipes (and placements) get the same jitted step, initializer and
     faithfulness warmup, so a resumed run or a loop over seeds compiles them once; another
     placement or batch size gets its own."""
-    from pd.shard import make_mesh
     from pd.train.init_state import jitted_init, state_shardings
     from pd.train.step import _faith_warmup
 
