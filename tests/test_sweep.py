@@ -17,6 +17,7 @@ from pd.testing import tiny_target
 from pd.train import OwnTarget, load_config, run
 from pd.train.__main__ import main
 from pd.train.config import ConfigError
+from pd.train.results import WIDEST
 from pd.train.rundir import MARKER
 from pd.train.sweep import MemberResult, SweepResult, load_sweep, parse_seeds, seed_sweep, sweep
 from pd.train.sweep.chunk import Chunk
@@ -120,6 +121,33 @@ def test_the_sweep_folder_holds_a_run_folder_per_member_and_the_table(
         np.asarray(d.V["linear1"]),
         np.asarray(d.recipe.table.view(one_device_sweep.members[1].state.components.V, "linear1")),
     )
+
+
+def test_the_table_of_a_whole_model_gives_each_wide_family_its_range(
+    one_device_sweep: SweepResult,
+) -> None:
+    """A family of more than `WIDEST` sites or layers (a whole model's 210 CI-L0s, its 30
+    layers) is two columns, its minimum and maximum per member; a narrower one a column each."""
+    sites = [f"layers.{i}.mlp.{k}" for i in range(30) for k in ("gate", "up", "down")]
+    members = []
+    for j, m in enumerate(one_device_sweep.members):
+        summary = {"kl/ci_masked": 0.5 + j, "ce/ci_masked": 5.0 + j}
+        summary |= {f"ci_l0/{n}": float(i + j) for i, n in enumerate(sites)}
+        summary |= {f"layer_ci_l0_over_alive/{i}": 0.01 * (i + 1) * (j + 1) for i in range(30)}
+        summary |= {f"mmcs/{n}": 0.9 for n in sites[:WIDEST]}  # one column each
+        members.append(dataclasses.replace(m, summary=summary))
+    lines = dataclasses.replace(one_device_sweep, members=tuple(members)).table().splitlines()
+    head = lines[0].split()
+    assert [h for h in head if h.startswith("mmcs/")] == [
+        f"mmcs/{n}" for n in sorted(sites[:WIDEST])
+    ]
+    assert head[head.index("kl/ci_masked") :] == [
+        *("kl/ci_masked", "ce/ci_masked", "layer_l0/alive", "min", "layer_l0/alive", "max"),
+        *("ci_l0", "min", "ci_l0", "max"),
+    ]
+    for j, line in enumerate(lines[1:4]):
+        cells = [float(c) for c in line.split()[-6:]]
+        assert cells == pytest.approx([0.5 + j, 5 + j, 0.01 * (j + 1), 0.3 * (j + 1), j, 89 + j])
 
 
 def test_the_cli_sweeps_over_the_devices_and_a_grid(

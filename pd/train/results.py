@@ -94,7 +94,12 @@ def write_results(
     return summary
 
 
-def summary_table(summary: dict[str, float], widest: int = 8) -> str:
+# A family of more sites or layers than this is shown as its range, in the console's summary
+# and in a sweep's table.
+WIDEST = 8
+
+
+def summary_table(summary: dict[str, float], widest: int = WIDEST) -> str:
     """The console table: one row per metric family, one column per site (a family of more
     than `widest` sites or layers as its range), then the tables of `evaluation.md`."""
     rows: dict[str, dict[str, float]] = {}

@@ -1,6 +1,7 @@
 """What a sweep leaves behind: each member's result, the table, `sweep.json`."""
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from pd.train.compare import compare
 from pd.train.config import ConfigError
 from pd.train.decomposition import load
 from pd.train.folder import RunFolder
+from pd.train.results import WIDEST
 from pd.train.sweep.spec import Member
 
 # The TMS verdict of tests/test_convergence.py, generalised: every site's CI error is 0.
@@ -24,6 +26,48 @@ def recovered(summary: dict[str, float]) -> bool | None:
     without a known answer."""
     errors = [v for k, v in summary.items() if k.startswith(VERDICT_KEYS)]
     return all(e == 0.0 for e in errors) if errors else None
+
+
+# The table's metric families, in its order, and their short heads.
+_FAMILIES = (
+    "identity_ci_error_0.1/",
+    "dense_ci_error_0.1/",
+    "mmcs/",
+    "mse/ci_masked",
+    "kl/ci_masked",
+    "ce/ci_masked",
+    "layer_ci_l0_over_alive/",
+    "ci_l0/",
+)
+_SHORT = {
+    "identity_ci_error_0.1": "id_err",
+    "dense_ci_error_0.1": "dense_err",
+    "layer_ci_l0_over_alive": "layer_l0/alive",
+}
+
+
+@dataclass(frozen=True)
+class _Column:
+    """A column of the sweep's table: one summary key, or the `reduce` of several."""
+
+    head: str
+    keys: tuple[str, ...]
+    reduce: Callable[[list[float]], float] = max
+
+    def value(self, summary: dict[str, float]) -> float | None:
+        values = [summary[k] for k in self.keys if k in summary]
+        return self.reduce(values) if values else None
+
+
+def _columns(family: str, summaries: list[dict[str, float]]) -> list[_Column]:
+    """The columns of `family`: one per key of any member's summary, or its minimum and maximum
+    where it has more than `WIDEST` keys (a whole model's 210 sites)."""
+    keys = sorted({k for s in summaries for k in s if k.startswith(family)})
+    name, _, _ = family.partition("/")
+    short = _SHORT.get(name, name)
+    if len(keys) > WIDEST:
+        return [_Column(f"{short} {r.__name__}", tuple(keys), r) for r in (min, max)]
+    return [_Column(k.replace(name, short, 1), (k,)) for k in keys]
 
 
 @dataclass(frozen=True)
@@ -62,37 +106,24 @@ class SweepResult:
 
     def table(self) -> str:
         """One row per member: recovered, seed consistency with the first member (`vs first`), CI
-        errors, MMCS, the divergence under CI masks (targets
-        evaluated by `pd.train.evaluate_masks`: a caller's own, language models), CI-L0; then
-        the count recovered."""
-        families = (
-            "identity_ci_error_0.1/",
-            "dense_ci_error_0.1/",
-            "mmcs/",
-            "mse/ci_masked",
-            "kl/ci_masked",
-            "ci_l0/",
-        )
-        keys = sorted(
-            {k for m in self.members for k in m.summary if k.startswith(families)},
-            key=lambda k: (next(i for i, f in enumerate(families) if k.startswith(f)), k),
-        )
-        short = [
-            k.replace("identity_ci_error_0.1", "id_err").replace("dense_ci_error_0.1", "dense_err")
-            for k in keys
-        ]
+        errors, MMCS, the divergence under CI masks (targets evaluated by
+        `pd.train.evaluate_masks`: a caller's own, language models), for language models the
+        CE under CI masks and CI-L0 per alive subcomponent of each layer, CI-L0; then the count
+        recovered. A family of more than `WIDEST` sites or layers is its minimum and maximum."""
+        summaries = [m.summary for m in self.members]
+        columns = [c for family in _FAMILIES for c in _columns(family, summaries)]
+        widths = [max(len(c.head), 7) for c in columns]
         width = max(len(m.member.name) for m in self.members)
         head = f"{'member':<{width}}  {'recovered':<9}  {'vs first':>8}  " + "  ".join(
-            f"{s:>{max(len(s), 7)}}" for s in short
+            f"{c.head:>{w}}" for c, w in zip(columns, widths, strict=True)
         )
         lines = [head]
         verdicts = {True: "yes", False: "no", None: "-"}
         for m in self.members:
+            values = [c.value(m.summary) for c in columns]
             cells = [
-                f"{m.summary[k]:>{max(len(s), 7)}.4g}"
-                if k in m.summary
-                else f"{'-':>{max(len(s), 7)}}"
-                for k, s in zip(keys, short, strict=True)
+                f"{'-' if v is None else format(v, '.4g'):>{w}}"
+                for v, w in zip(values, widths, strict=True)
             ]
             text = "  ".join(cells) if not m.diverged else m.diverged
             vs = "-" if m.consistency is None else f"{m.consistency:.4f}"
