@@ -273,21 +273,23 @@ def test_a_nan_weight_from_the_command_line_is_status_3(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nan_model.py"]
 
 
+@pytest.mark.parametrize(
+    ("command", "smaller", "folder"),
+    [
+        ([], "", "run"),
+        (["sweep", "--seeds", "0-1"], r"fewer members a call \(--members-per-program\), ", "sweep"),
+    ],
+    ids=["run", "sweep"],
+)
 def test_out_of_memory_is_one_sentence_with_the_size_and_leaves_no_folder(
-    tmp_path: Path,
+    command: list[str], smaller: str, folder: str, tmp_path: Path
 ) -> None:
     """A C too large for the memory (under an 8 GB address-space cap, so that the test cannot
-    take the machine's memory): status 2, the size that failed, no partial folder left. Before,
-    the run waited forever: jax 0.10.2 on a CPU never answers `int()` of a failed result."""
-    argv = [
-        "tms_5-2",
-        "--set",
-        "C=20000000",
-        "--set",
-        "train.steps=1",
-        "--out",
-        str(tmp_path / "r"),
-    ]
+    take the machine's memory): status 2, the size that failed and what to make smaller, no
+    partial folder left. Before, a run waited forever: jax 0.10.2 on a CPU never answers `int()`
+    of a failed result."""
+    argv = [*command[:1], "tms_5-2", *command[1:], "--set", "C=20000000", "--set", "train.steps=1"]
+    argv += ["--out", str(tmp_path / "r")]
     capped = (
         "import resource, runpy, sys; "
         f"resource.setrlimit(resource.RLIMIT_AS, ({8 * 10**9}, {8 * 10**9})); "
@@ -301,8 +303,8 @@ def test_out_of_memory_is_one_sentence_with_the_size_and_leaves_no_folder(
     last = proc.stderr.strip().splitlines()[-1]
     assert re.fullmatch(
         r"error: out of memory on cpu: allocating [\d.]+ [MGT]iB failed \(.*Out of memory "
-        r"allocating \d+ bytes\), expected a smaller C, train\.batch or target \(or a device "
-        r"with more memory\); no run folder was written \(.*\)",
+        rf"allocating \d+ bytes\), expected {smaller}a smaller C, train\.batch or target \(or a "
+        rf"device with more memory\); no {folder} folder was written \(.*\)",
         last,
     ), last
     assert list(tmp_path.iterdir()) == []

@@ -11,7 +11,6 @@ SIGTERM (with a checkpoint to resume from, once one was saved).
 
 import argparse
 import os
-import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -21,6 +20,7 @@ import jax
 
 from pd.log import setup_logging
 from pd.train.config import ConfigError, RunConfig, load_config, preset_names
+from pd.train.out_of_memory import byte_size, out_of_memory
 from pd.train.run import Diverged, run, summary_table
 from pd.train.rundir import check_destination, checkpoint_steps, partial_dir
 from pd.train.show_config import SET_HELP
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 3
     except (jax.errors.JaxRuntimeError, MemoryError) as err:
-        if (oom := _out_of_memory(err)) is None:
+        if (oom := out_of_memory(err, "a smaller C, train.batch or target")) is None:
             raise
         print(f"error: {oom}; {_kept(out)}", file=sys.stderr)
         return 2
@@ -128,41 +128,6 @@ def _check_creatable(out: Path) -> None:
         )
 
 
-_BYTES = re.compile(r"(\d+) ?(?:bytes|B)\b")
-_UNITS = re.compile(r"(\d+(?:\.\d+)?) ?([KMGT])i?B\b")
-
-
-def _out_of_memory(err: BaseException) -> str | None:
-    """The sentence for an allocation that failed (XLA's RESOURCE_EXHAUSTED, at compile or run
-    time, or numpy's MemoryError), with the size it asked for; None for any other error."""
-    text = str(err).strip()
-    lower = text.lower()
-    if not isinstance(err, MemoryError) and not (
-        "out of memory" in lower or ("resource_exhausted" in lower and "alloc" in lower)
-    ):
-        return None
-    first = text.splitlines()[0].rstrip(".") if text else type(err).__name__
-    if (exact := _BYTES.search(text)) is not None:
-        size = _size(int(exact.group(1)))
-    elif (unit := _UNITS.search(text)) is not None:
-        size = f"{unit.group(1)} {unit.group(2)}iB"
-    else:
-        size = None
-    where = "on the host" if isinstance(err, MemoryError) else f"on {jax.default_backend()}"
-    what = f"allocating {size} failed" if size else "an allocation failed"
-    return (
-        f"out of memory {where}: {what} ({first[:200]}), expected a smaller C, train.batch or "
-        "target (or a device with more memory)"
-    )
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} bytes"
-
-
 def _compile_only(config: RunConfig) -> int:
     """Simulate the configured mesh on CPU devices (before jax starts a backend) and compile."""
     set_option: Callable[[str, object], None] = jax.config.update  # unannotated upstream
@@ -179,10 +144,11 @@ def _compile_only(config: RunConfig) -> int:
         print(f"{name}: {tflop:.3f} TFLOP per device (XLA cost analysis, loop bodies once)")
     m = report.step_memory
     if m is not None:
+        size = byte_size
         print(
-            f"train_step memory per device: {_size(m.peak)} (arguments {_size(m.arguments)}, "
-            f"temporaries {_size(m.temporaries)}, outputs {_size(m.outputs)} of which "
-            f"{_size(m.aliased)} reuse the arguments' buffers)"
+            f"train_step memory per device: {size(m.peak)} (arguments {size(m.arguments)}, "
+            f"temporaries {size(m.temporaries)}, outputs {size(m.outputs)} of which "
+            f"{size(m.aliased)} reuse the arguments' buffers)"
         )
     return 0
 

@@ -10,6 +10,7 @@ import jax
 
 from pd.log import setup_logging
 from pd.train.config import ConfigError
+from pd.train.out_of_memory import out_of_memory
 from pd.train.rundir import check_destination
 from pd.train.show_config import SET_HELP
 from pd.train.signals import Terminated, stopped, stops_raise
@@ -29,6 +30,14 @@ def _one_cpu_device_per_core() -> None:
         set_option("jax_num_cpu_devices", os.cpu_count() or 1)
     except RuntimeError:  # the backend runs already: its devices stay as they are
         pass
+
+
+# What an out-of-memory sweep should make smaller.
+_SMALLER = "fewer members a call (--members-per-program), a smaller C, train.batch or target"
+
+
+def _nothing_written(out: Path) -> str:
+    return f"no sweep folder was written ({out} is as it was)"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -51,12 +60,14 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except (jax.errors.JaxRuntimeError, MemoryError) as err:
+        if (oom := out_of_memory(err, _SMALLER)) is None:
+            raise
+        print(f"error: {oom}; {_nothing_written(out)}", file=sys.stderr)
+        return 2
     except (KeyboardInterrupt, Terminated) as err:
         how, status = stopped(err)
-        print(
-            f"error: stopped {how}; no sweep folder was written ({out} is as it was)",
-            file=sys.stderr,
-        )
+        print(f"error: stopped {how}; {_nothing_written(out)}", file=sys.stderr)
         return status
     print(result.table())
     print(result.compile_times.table())
