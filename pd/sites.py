@@ -4,6 +4,7 @@ from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Shaped
@@ -200,11 +201,19 @@ class SiteTable:
 
         A layer without a site of this kind gets slot 0's value (the caller marks it not live).
         When the kind's slots step evenly through every layer (a model decomposed in all its
-        layers) this is a slice, not a gather.
+        layers) this is a slice, not a gather. The layers before the kind's first site hold
+        that value without a gradient (a layer that is never live gets none): a pass that
+        starts at the first decomposed layer (`Target.resume`) slices them off, and its
+        backward then never forms their zero cotangent, a copy of the kind's whole stack.
         """
         lay = self._layouts[kind]
         g, slots = (lay.c_group, lay.c_slots) if c_groups else (lay.group, lay.slots)
-        return take(stacked[g], tuple(max(s, 0) for s in slots))
+        first = lay.present.index(True)
+        rows = take(stacked[g], tuple(max(s, 0) for s in slots[first:]))
+        if first == 0:
+            return rows
+        before = jax.lax.stop_gradient(stacked[g][:1])
+        return jnp.concatenate([jnp.broadcast_to(before, (first, *rows.shape[1:])), rows])
 
     def present_layers(self, kind: str) -> tuple[int, ...]:
         """The layers that hold a site of `kind`, ascending."""

@@ -1,5 +1,6 @@
 """§2: canonical order, shape groups and per-site views over stacked storage."""
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -41,3 +42,25 @@ def test_bad_sites_are_refused() -> None:
         SiteTable((SiteSpec("x", 2, 2, 1), SiteSpec("x", 2, 2, 1)))
     with pytest.raises(KeyError, match="unknown site 'y'"):
         SiteTable((SiteSpec("x", 2, 2, 1),)).where("y")
+
+
+def test_layers_before_a_kinds_first_site_get_no_gradient_and_no_cotangent() -> None:
+    """`by_kind` over a model decomposed in its last two of five layers: every layer before the
+    first site holds slot 0's value (never live), and a pass that starts at the first site
+    (`Target.resume`) differentiates only the two rows it scans. Compiled, that gradient forms
+    no array of the whole depth: the zero cotangent of the three skipped layers, which a
+    gather over every layer would pad and scatter back, is never built."""
+    sites = (SiteSpec("l3.mlp", 4, 2, 3, 3, "mlp"), SiteSpec("l4.mlp", 4, 2, 3, 4, "mlp"))
+    table = SiteTable(sites, 5)
+    V = (jnp.arange(2 * 4 * 3, dtype=jnp.float32).reshape(2, 4, 3),)
+    rows = table.by_kind(V, "mlp")
+    assert rows.shape == (5, 4, 3)
+    assert bool(jnp.all(rows[:3] == V[0][0])) and bool(jnp.all(rows[3:] == V[0]))
+
+    def resumed(V: tuple[jax.Array, ...]) -> jax.Array:
+        return jnp.sum(table.by_kind(V, "mlp")[3:] ** 2)
+
+    (grad,) = jax.grad(resumed)(V)
+    assert bool(jnp.all(grad == 2 * V[0]))
+    compiled = jax.jit(jax.grad(resumed)).lower(V).compile().as_text()
+    assert compiled is not None and "f32[5," not in compiled
