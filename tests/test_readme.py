@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from pd.train.config_files import preset_names
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-PRESETS = {p.stem for p in (ROOT / "pd" / "presets").glob("*.toml")}
+PRESETS = set(preset_names())
 
 
 def python_blocks(path: Path) -> list[str]:
